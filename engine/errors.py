@@ -1,0 +1,94 @@
+"""The one exception hierarchy of memgate.
+
+::
+
+    MemgateError
+    ├── InvalidInput              bad text, kind, namespace, threshold override, batch size
+    ├── NotFound                  no such memory / review item in the caller's namespace
+    ├── Conflict                  the operation does not apply to the current state
+    │                             (undo of a memory that replaced nothing, resolving a
+    │                             resolved review item)
+    ├── PermissionDenied          a token that does not cover the namespace
+    ├── Unauthenticated           no or unknown token
+    ├── Overloaded                admission control refused the request
+    ├── DeadlineExceeded          the request's deadline passed before it was served
+    ├── ModelError                artefacts missing, tampered, or of the wrong shape
+    │   └── ManifestMismatch      a file's hash, labels, or max length differ from the manifest
+    ├── StorageError              the store could not persist; fail-stop
+    │   └── StorageFull           the disk is full
+    └── Unavailable               the engine is shutting down or not yet serving
+
+Lower-level errors (sqlite3, onnxruntime, faiss) are translated into these at the module
+boundary that imports them. The gRPC layer maps each class to exactly one status code in one
+table (``engine.server.status``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Conflict",
+    "DeadlineExceeded",
+    "InvalidInput",
+    "ManifestMismatch",
+    "MemgateError",
+    "ModelError",
+    "NotFound",
+    "Overloaded",
+    "PermissionDenied",
+    "StorageError",
+    "StorageFull",
+    "Unauthenticated",
+    "Unavailable",
+]
+
+
+class MemgateError(Exception):
+    """Base class of every error memgate raises on purpose."""
+
+
+class InvalidInput(MemgateError):
+    """The request itself is wrong; retrying it unchanged cannot succeed."""
+
+
+class NotFound(MemgateError):
+    """No such object in the caller's namespace (foreign ids are reported the same way)."""
+
+
+class Conflict(MemgateError):
+    """The operation does not apply to the object's current state."""
+
+
+class PermissionDenied(MemgateError):
+    """The caller is authenticated but may not touch that namespace."""
+
+
+class Unauthenticated(MemgateError):
+    """The caller presented no token, or one that is not known."""
+
+
+class Overloaded(MemgateError):
+    """Admission control refused the request; retry later."""
+
+
+class DeadlineExceeded(MemgateError):
+    """The request's deadline passed before it could be served."""
+
+
+class ModelError(MemgateError):
+    """A model artefact is missing, unreadable or of the wrong shape."""
+
+
+class ManifestMismatch(ModelError):
+    """An artefact's files do not match its manifest (hash, labels, max length)."""
+
+
+class StorageError(MemgateError):
+    """The store could not persist a write. The engine stops accepting writes."""
+
+
+class StorageFull(StorageError):
+    """The disk holding the store is full."""
+
+
+class Unavailable(MemgateError):
+    """The engine is starting, draining, or stopped after a storage failure."""

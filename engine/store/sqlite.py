@@ -1,0 +1,941 @@
+"""SQLite store: the source of truth, on one WAL database file.
+
+One connection, guarded by a lock, serves every thread: SQLite serialises writers anyway, and
+one connection keeps ``BEGIN IMMEDIATE ... COMMIT`` simple. ``synchronous=FULL`` makes a
+returned ``commit`` durable across power loss, not only across a crash of the process.
+
+``sqlite3`` is imported here and nowhere else; its errors are translated at this boundary:
+a full disk becomes ``StorageFull``, any other database failure ``StorageError``.
+
+Rowids (``memories.rowid``) are the int64 keys of the FAISS index. They are never reused:
+memories are never deleted, only their status changes (forget erases text and embedding).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+import numpy as np
+
+from engine.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    StorageError,
+    StorageFull,
+    Unavailable,
+)
+from engine.store.base import (
+    RESOLUTIONS,
+    REVIEW_STATUSES,
+    ActiveText,
+    Resolution,
+    ReviewResolution,
+    ReviewStatus,
+    StoreSettings,
+    UndoResult,
+    Write,
+    WriteResult,
+    new_memory_id,
+    new_review_id,
+)
+from engine.types import Event, Fact, Memory, ReviewItem
+
+__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+
+SCHEMA_VERSION = 1
+
+_SCHEMA: tuple[str, ...] = (
+    """
+    CREATE TABLE memories (
+        rowid INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        namespace TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL,
+        key TEXT,
+        inferred_key TEXT,
+        metadata TEXT NOT NULL,
+        source TEXT,
+        created_at REAL NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('active', 'superseded', 'forgotten', 'undone')),
+        supersedes TEXT REFERENCES memories(id),
+        superseded_by TEXT REFERENCES memories(id),
+        scores TEXT NOT NULL,
+        embedding BLOB
+    )
+    """,
+    "CREATE INDEX memories_ns_status ON memories(namespace, status)",
+    "CREATE INDEX memories_ns_key_status ON memories(namespace, key, status)",
+    "CREATE INDEX memories_supersedes ON memories(supersedes)",
+    """
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        type TEXT NOT NULL,
+        memory_id TEXT,
+        target_id TEXT,
+        policy TEXT,
+        scores TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX events_ns_seq ON events(namespace, seq)",
+    "CREATE INDEX events_memory ON events(memory_id)",
+    """
+    CREATE TABLE reviews (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        fact TEXT NOT NULL,
+        inferred_key TEXT,
+        policy TEXT NOT NULL,
+        embedding BLOB,
+        target_id TEXT,
+        scores TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('pending', 'accepted', 'kept_both', 'rejected')),
+        created_at REAL NOT NULL,
+        resolved_at REAL,
+        resolved_memory_id TEXT
+    )
+    """,
+    "CREATE INDEX reviews_ns_status ON reviews(namespace, status, created_at)",
+    "CREATE INDEX reviews_resolved_memory ON reviews(resolved_memory_id)",
+    """
+    CREATE TABLE idempotency (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        result TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (namespace, key)
+    ) WITHOUT ROWID
+    """,
+)
+
+_MEMORY_COLUMNS = (
+    "id, namespace, kind, text, key, metadata, source, created_at, status, supersedes, "
+    "superseded_by, scores, inferred_key"
+)
+_REVIEW_COLUMNS = "id, namespace, fact, target_id, scores, status, created_at, resolved_memory_id"
+# SQLite's default limit on bound parameters is 32766; stay far below it.
+_CHUNK = 500
+_MAX_LIMIT = 10_000
+_RESOLVED_STATUS: dict[str, str] = {
+    "accept": "accepted",
+    "keep_both": "kept_both",
+    "reject": "rejected",
+}
+# Keys of a score record that hold (normalised) text of the fact: erased by forget.
+_TEXT_SCORE_KEYS = ("hypothesis",)
+
+
+def _translate(exc: sqlite3.Error, what: str) -> StorageError:
+    """Map a sqlite3 error onto the memgate hierarchy, without leaking paths or SQL."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+    if (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or (
+        "database or disk is full" in str(exc).lower()
+    ):
+        return StorageFull(f"{what}: the database or disk is full")
+    return StorageError(f"{what} failed: {name}")
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars reach score records (np.float32 similarities); store them as plain numbers.
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(
+            value, allow_nan=False, sort_keys=True, separators=(",", ":"), default=_json_default
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} must be JSON-serialisable: {exc}") from None
+
+
+def _loads_dict(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    return value if isinstance(value, dict) else {}
+
+
+def _blob(vec: np.ndarray | None) -> bytes | None:
+    if vec is None:
+        return None
+    return np.ascontiguousarray(vec, dtype="<f4").tobytes()
+
+
+def _vector(blob: bytes | None) -> np.ndarray | None:
+    if blob is None:
+        return None
+    return np.frombuffer(blob, dtype="<f4").astype(np.float32)
+
+
+def _memory(row: Sequence[Any]) -> Memory:
+    return Memory(
+        id=row[0],
+        namespace=row[1],
+        kind=row[2],
+        text=row[3],
+        key=row[4],
+        metadata=_loads_dict(row[5]),
+        source=row[6],
+        created_at=row[7],
+        status=row[8],
+        supersedes=row[9],
+        superseded_by=row[10],
+        scores=_loads_dict(row[11]),
+        inferred_key=row[12],
+    )
+
+
+def _fact_json(fact: Fact) -> str:
+    return _dumps(
+        {
+            "namespace": fact.namespace,
+            "text": fact.text,
+            "kind": fact.kind,
+            "key": fact.key,
+            "metadata": fact.metadata,
+            "source": fact.source,
+            "idempotency_key": fact.idempotency_key,
+        },
+        "metadata",
+    )
+
+
+def _fact(text: str) -> Fact:
+    d = json.loads(text)
+    return Fact(
+        namespace=d["namespace"],
+        text=d["text"],
+        kind=d["kind"],
+        key=d.get("key"),
+        metadata=d.get("metadata") or {},
+        source=d.get("source"),
+        idempotency_key=d.get("idempotency_key"),
+    )
+
+
+def _review(row: Sequence[Any]) -> ReviewItem:
+    return ReviewItem(
+        id=row[0],
+        namespace=row[1],
+        fact=_fact(row[2]),
+        target_id=row[3],
+        scores=_loads_dict(row[4]),
+        status=row[5],
+        created_at=row[6],
+        resolved_memory_id=row[7],
+    )
+
+
+def _result_json(result: WriteResult) -> str:
+    return _dumps(
+        {
+            "action": result.action,
+            "memory_id": result.memory_id,
+            "target_id": result.target_id,
+            "review_id": result.review_id,
+            "rowid": result.rowid,
+            "superseded_rowid": result.superseded_rowid,
+        },
+        "result",
+    )
+
+
+def _result(text: str) -> WriteResult:
+    d = json.loads(text)
+    return WriteResult(
+        action=d["action"],
+        memory_id=d.get("memory_id"),
+        target_id=d.get("target_id"),
+        review_id=d.get("review_id"),
+        rowid=d.get("rowid"),
+        superseded_rowid=d.get("superseded_rowid"),
+        replayed=True,
+    )
+
+
+def _check_namespace(namespace: str) -> None:
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidInput("namespace must be a non-empty string")
+
+
+def _check_limit(limit: int) -> None:
+    if not 1 <= limit <= _MAX_LIMIT:
+        raise InvalidInput(f"limit must be in [1, {_MAX_LIMIT}], got {limit}")
+
+
+class SQLiteStore:
+    """The :class:`~engine.store.base.Store` on one SQLite file (WAL, ``synchronous=FULL``).
+
+    ``clock`` returns the ``created_at`` of new rows (seconds since the epoch); tests pass a
+    counter to make time deterministic.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        settings: StoreSettings = StoreSettings(),  # noqa: B008 - frozen, so sharing is safe
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self._conn = sqlite3.connect(
+                str(path),
+                timeout=settings.busy_timeout_ms / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+        except sqlite3.Error as exc:
+            raise _translate(exc, "opening the store") from exc
+        try:
+            self._configure()
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            self._closed = True
+            raise
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _configure(self) -> None:
+        s = self._settings
+        try:
+            conn = self._conn
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute(f"PRAGMA busy_timeout={int(s.busy_timeout_ms)}")
+            conn.execute(f"PRAGMA wal_autocheckpoint={int(s.wal_autocheckpoint)}")
+            if s.max_db_bytes is not None:
+                page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+                conn.execute(f"PRAGMA max_page_count={max(1, s.max_db_bytes // page)}")
+        except sqlite3.Error as exc:
+            raise _translate(exc, "configuring the store") from exc
+
+    def _migrate(self) -> None:
+        with self._transaction("creating the schema") as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StorageError(
+                    f"the store has schema version {version}; this engine knows up to "
+                    f"{SCHEMA_VERSION}"
+                )
+            if version == 0:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        """Checkpoint the WAL (best effort) and close. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass  # the data is durable in the WAL; the next open checkpoints it
+            self._conn.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def pragmas(self) -> dict[str, Any]:
+        """The connection's settings as SQLite reports them (journal mode, synchronous...)."""
+        names = ("journal_mode", "synchronous", "foreign_keys", "busy_timeout", "user_version")
+        with self._reading("reading pragmas") as conn:
+            return {name: conn.execute(f"PRAGMA {name}").fetchone()[0] for name in names}
+
+    def integrity_check(self) -> bool:
+        """True when SQLite's integrity check and the foreign-key check both pass."""
+        with self._reading("checking integrity") as conn:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+            broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+        return rows == [("ok",)] and not broken
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction; rolled back on any error, sqlite3 errors translated."""
+        with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise _translate(exc, what) from exc
+            except BaseException:
+                self._rollback()
+                raise
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        # Reads of several statements run in one (deferred) transaction: one snapshot.
+        with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                conn.execute("BEGIN")
+                yield conn
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._rollback()
+                raise _translate(exc, what) from exc
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # SQLite already rolled back (e.g. after SQLITE_FULL)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the store is closed")
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def commit(self, writes: Sequence[Write]) -> list[WriteResult]:
+        """Apply ``writes`` in order in one transaction; on any error nothing is written.
+
+        Later writes see earlier ones (a write may replace the memory an earlier one added,
+        when the caller assigned its ``memory_id``). A write whose idempotency key is already
+        stored returns the stored result with ``replayed=True`` and changes nothing.
+        Raises ``Conflict`` when a replace targets a memory that is not active in its
+        namespace, or a given ``memory_id`` already exists.
+        """
+        if len(writes) > self._settings.max_batch:
+            raise InvalidInput(
+                f"a commit carries at most {self._settings.max_batch} writes, got {len(writes)}"
+            )
+        for write in writes:
+            if not isinstance(write, Write):
+                raise InvalidInput(f"commit takes Write objects, got {type(write).__name__}")
+        now = self._clock()
+        with self._transaction("commit") as conn:
+            return [self._apply(conn, write, now) for write in writes]
+
+    def _apply(self, conn: sqlite3.Connection, write: Write, now: float) -> WriteResult:
+        fact = write.fact
+        ns = fact.namespace
+        idem = fact.idempotency_key
+        if idem is not None:
+            row = conn.execute(
+                "SELECT result FROM idempotency WHERE namespace = ? AND key = ?", (ns, idem)
+            ).fetchone()
+            if row is not None:
+                return _result(row[0])
+        scores = _dumps(write.scores, "scores")
+        if write.action == "add":
+            memory_id, rowid = self._insert_memory(conn, write, None, scores, now)
+            result = WriteResult("add", memory_id=memory_id, rowid=rowid)
+            self._event(conn, ns, "add", memory_id, None, write.policy, scores, now)
+        elif write.action == "replace":
+            target = cast(str, write.target_id)
+            target_rowid = self._active_rowid(conn, ns, target)
+            memory_id, rowid = self._insert_memory(conn, write, target, scores, now)
+            conn.execute(
+                "UPDATE memories SET status = 'superseded', superseded_by = ? WHERE rowid = ?",
+                (memory_id, target_rowid),
+            )
+            result = WriteResult(
+                "replace",
+                memory_id=memory_id,
+                target_id=target,
+                rowid=rowid,
+                superseded_rowid=target_rowid,
+            )
+            self._event(conn, ns, "replace", memory_id, target, write.policy, scores, now)
+        elif write.action == "skip":
+            result = WriteResult("skip", target_id=write.target_id)
+            self._event(conn, ns, "skip", None, write.target_id, write.policy, scores, now)
+        else:
+            review_id = new_review_id()
+            conn.execute(
+                "INSERT INTO reviews (id, namespace, fact, inferred_key, policy, embedding, "
+                "target_id, scores, status, created_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?)",
+                (
+                    review_id,
+                    ns,
+                    _fact_json(fact),
+                    write.inferred_key,
+                    write.policy,
+                    _blob(write.embedding),
+                    write.target_id,
+                    scores,
+                    now,
+                ),
+            )
+            result = WriteResult("review", target_id=write.target_id, review_id=review_id)
+            event_scores = _dumps({**write.scores, "review_id": review_id}, "scores")
+            self._event(
+                conn, ns, "review_queued", None, write.target_id, write.policy, event_scores, now
+            )
+        if idem is not None:
+            conn.execute(
+                "INSERT INTO idempotency (namespace, key, result, created_at) VALUES (?, ?, ?, ?)",
+                (ns, idem, _result_json(result), now),
+            )
+        return result
+
+    def _insert_memory(
+        self,
+        conn: sqlite3.Connection,
+        write: Write,
+        supersedes: str | None,
+        scores: str,
+        now: float,
+    ) -> tuple[str, int]:
+        fact = write.fact
+        memory_id = write.memory_id or new_memory_id()
+        if conn.execute("SELECT 1 FROM memories WHERE id = ?", (memory_id,)).fetchone():
+            raise Conflict(f"memory id {memory_id} is already taken")
+        cur = conn.execute(
+            "INSERT INTO memories (id, namespace, kind, text, key, inferred_key, metadata, "
+            "source, created_at, status, supersedes, superseded_by, scores, embedding) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, NULL, ?, ?)",
+            (
+                memory_id,
+                fact.namespace,
+                fact.kind,
+                fact.text,
+                fact.key,
+                write.inferred_key,
+                _dumps(fact.metadata, "metadata"),
+                fact.source,
+                now,
+                supersedes,
+                scores,
+                _blob(write.embedding),
+            ),
+        )
+        return memory_id, cast(int, cur.lastrowid)
+
+    @staticmethod
+    def _active_rowid(conn: sqlite3.Connection, namespace: str, memory_id: str) -> int:
+        row = conn.execute(
+            "SELECT rowid, status FROM memories WHERE id = ? AND namespace = ?",
+            (memory_id, namespace),
+        ).fetchone()
+        if row is None or row[1] != "active":
+            raise Conflict(f"memory {memory_id} is not active in this namespace")
+        return int(row[0])
+
+    @staticmethod
+    def _event(
+        conn: sqlite3.Connection,
+        namespace: str,
+        type_: str,
+        memory_id: str | None,
+        target_id: str | None,
+        policy: str | None,
+        scores: str,
+        now: float,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO events (namespace, type, memory_id, target_id, policy, scores, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (namespace, type_, memory_id, target_id, policy, scores, now),
+        )
+
+    def forget(self, namespace: str, memory_id: str) -> int:
+        """Erase a memory: status ``forgotten``, text ``""``, embedding and text-derived scores
+        dropped, here and in the review item that produced it. Returns its rowid (drop it from
+        the index). Forgetting a forgotten memory changes nothing and returns the same rowid.
+
+        Erasure is the one rewrite of the event log: the ``hypothesis`` (normalised text) is
+        removed from the memory's events; everything else of them stays.
+        """
+        _check_namespace(namespace)
+        now = self._clock()
+        with self._transaction("forget") as conn:
+            row = conn.execute(
+                "SELECT rowid, status, scores FROM memories WHERE id = ? AND namespace = ?",
+                (memory_id, namespace),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no memory {memory_id} in this namespace")
+            rowid = int(row[0])
+            if row[1] == "forgotten":
+                return rowid
+            conn.execute(
+                "UPDATE memories SET status = 'forgotten', text = '', embedding = NULL, "
+                "scores = ? WHERE rowid = ?",
+                (_dumps(_scrub(_loads_dict(row[2])), "scores"), rowid),
+            )
+            events = conn.execute(
+                "SELECT seq, scores FROM events WHERE memory_id = ? AND namespace = ?",
+                (memory_id, namespace),
+            ).fetchall()
+            for seq, scores in events:
+                conn.execute(
+                    "UPDATE events SET scores = ? WHERE seq = ?",
+                    (_dumps(_scrub(_loads_dict(scores)), "scores"), seq),
+                )
+            reviews = conn.execute(
+                "SELECT id, fact FROM reviews WHERE resolved_memory_id = ? AND namespace = ?",
+                (memory_id, namespace),
+            ).fetchall()
+            for review_id, fact in reviews:
+                erased = {**json.loads(fact), "text": ""}
+                conn.execute(
+                    "UPDATE reviews SET fact = ?, embedding = NULL WHERE id = ?",
+                    (_dumps(erased, "fact"), review_id),
+                )
+            self._event(conn, namespace, "forget", memory_id, None, None, "{}", now)
+            return rowid
+
+    def undo(self, namespace: str, memory_id: str) -> UndoResult:
+        """Undo the replacement ``memory_id`` made: it becomes ``undone`` and the memory it
+        superseded is active again.
+
+        ``NotFound`` if absent or foreign; ``Conflict`` if it is not active, replaced nothing,
+        or the replaced memory is no longer superseded by it (e.g. it was forgotten).
+        """
+        _check_namespace(namespace)
+        now = self._clock()
+        with self._transaction("undo") as conn:
+            row = conn.execute(
+                "SELECT rowid, status, supersedes FROM memories WHERE id = ? AND namespace = ?",
+                (memory_id, namespace),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no memory {memory_id} in this namespace")
+            undone_rowid, status, old_id = int(row[0]), row[1], row[2]
+            if status != "active":
+                raise Conflict(f"memory {memory_id} is {status}, not active")
+            if old_id is None:
+                raise Conflict(f"memory {memory_id} replaced nothing")
+            old = conn.execute(
+                "SELECT rowid, status, superseded_by, embedding FROM memories "
+                "WHERE id = ? AND namespace = ?",
+                (old_id, namespace),
+            ).fetchone()
+            if old is None or old[1] != "superseded" or old[2] != memory_id:
+                raise Conflict(f"the memory {memory_id} replaced is no longer superseded by it")
+            restored_rowid = int(old[0])
+            conn.execute("UPDATE memories SET status = 'undone' WHERE rowid = ?", (undone_rowid,))
+            conn.execute(
+                "UPDATE memories SET status = 'active', superseded_by = NULL WHERE rowid = ?",
+                (restored_rowid,),
+            )
+            self._event(conn, namespace, "undo", memory_id, old_id, None, "{}", now)
+            restored = self._memory_by_rowid(conn, restored_rowid)
+            undone = self._memory_by_rowid(conn, undone_rowid)
+        return UndoResult(
+            restored=restored,
+            undone=undone,
+            restored_rowid=restored_rowid,
+            undone_rowid=undone_rowid,
+            restored_embedding=_vector(old[3]),
+        )
+
+    def resolve_review(
+        self,
+        namespace: str,
+        review_id: str,
+        resolution: Resolution,
+        memory_id: str | None = None,
+    ) -> ReviewResolution:
+        """Resolve a pending review item, in one transaction.
+
+        ``accept``: the fact replaces the item's target (``Conflict`` if the target is no longer
+        active; a plain add when the item had no target). ``keep_both``: the fact is added next
+        to the target. ``reject``: nothing is stored. ``memory_id`` names the new memory.
+        """
+        _check_namespace(namespace)
+        if resolution not in RESOLUTIONS:
+            raise InvalidInput(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+        now = self._clock()
+        with self._transaction("resolve_review") as conn:
+            row = conn.execute(
+                "SELECT fact, inferred_key, policy, embedding, target_id, scores, status "
+                "FROM reviews WHERE id = ? AND namespace = ?",
+                (review_id, namespace),
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no review item {review_id} in this namespace")
+            fact_json, inferred_key, policy, blob, target_id, scores_json, status = row
+            if status != "pending":
+                raise Conflict(f"review item {review_id} is already {status}")
+            scores = {
+                **_loads_dict(scores_json),
+                "review_id": review_id,
+                "resolution": resolution,
+            }
+            embedding = _vector(blob)
+            new_id: str | None = None
+            rowid: int | None = None
+            superseded_rowid: int | None = None
+            if resolution != "reject":
+                replaces = target_id if resolution == "accept" else None
+                if replaces is not None:
+                    superseded_rowid = self._active_rowid(conn, namespace, replaces)
+                write = Write(
+                    action="replace" if replaces is not None else "add",
+                    fact=_fact(fact_json),
+                    target_id=replaces,
+                    embedding=embedding,
+                    scores=scores,
+                    policy=policy,
+                    inferred_key=inferred_key,
+                    memory_id=memory_id,
+                )
+                new_id, rowid = self._insert_memory(
+                    conn, write, replaces, _dumps(scores, "scores"), now
+                )
+                if replaces is not None:
+                    conn.execute(
+                        "UPDATE memories SET status = 'superseded', superseded_by = ? "
+                        "WHERE rowid = ?",
+                        (new_id, superseded_rowid),
+                    )
+            conn.execute(
+                "UPDATE reviews SET status = ?, resolved_at = ?, resolved_memory_id = ? "
+                "WHERE id = ?",
+                (_RESOLVED_STATUS[resolution], now, new_id, review_id),
+            )
+            event_scores = _dumps({"review_id": review_id, "resolution": resolution}, "scores")
+            self._event(
+                conn, namespace, "review_resolved", new_id, target_id, policy, event_scores, now
+            )
+            item = _review(
+                conn.execute(
+                    f"SELECT {_REVIEW_COLUMNS} FROM reviews WHERE id = ?", (review_id,)
+                ).fetchone()
+            )
+        return ReviewResolution(
+            review=item,
+            memory_id=new_id,
+            rowid=rowid,
+            superseded_rowid=superseded_rowid,
+            embedding=embedding if new_id is not None else None,
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _memory_by_rowid(conn: sqlite3.Connection, rowid: int) -> Memory:
+        row = conn.execute(
+            f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = ?", (rowid,)
+        ).fetchone()
+        return _memory(row)
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        """The memory, or None when absent or stored under another namespace."""
+        _check_namespace(namespace)
+        with self._reading("get") as conn:
+            row = conn.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ? AND namespace = ?",
+                (memory_id, namespace),
+            ).fetchone()
+        return None if row is None else _memory(row)
+
+    def get_many(self, namespace: str, ids: Sequence[str]) -> list[Memory]:
+        """The memories found, in the order of ``ids``; absent or foreign ids are left out."""
+        _check_namespace(namespace)
+        found: dict[str, Memory] = {}
+        unique = list(dict.fromkeys(ids))
+        with self._reading("get_many") as conn:
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for row in conn.execute(
+                    f"SELECT {_MEMORY_COLUMNS} FROM memories "
+                    f"WHERE namespace = ? AND id IN ({marks})",
+                    (namespace, *chunk),
+                ):
+                    found[row[0]] = _memory(row)
+        return [found[i] for i in ids if i in found]
+
+    def texts_for_rowids(self, namespace: str, rowids: Sequence[int]) -> dict[int, ActiveText]:
+        """Id, text and keys of the *active* memories of ``namespace`` among ``rowids``.
+
+        Rowids that are no longer active (superseded since the index was searched), of another
+        namespace, or negative (FAISS padding) are left out.
+        """
+        _check_namespace(namespace)
+        wanted = sorted({int(r) for r in rowids if int(r) >= 0})
+        out: dict[int, ActiveText] = {}
+        with self._reading("texts_for_rowids") as conn:
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for rowid, id_, text, inferred_key, key, kind in conn.execute(
+                    "SELECT rowid, id, text, inferred_key, key, kind FROM memories "
+                    f"WHERE namespace = ? AND status = 'active' AND rowid IN ({marks})",
+                    (namespace, *chunk),
+                ):
+                    out[int(rowid)] = ActiveText(id_, text, inferred_key, key, kind)
+        return out
+
+    def active_by_key(self, namespace: str, key: str) -> Memory | None:
+        """The newest active memory of ``namespace`` with the explicit ``key``."""
+        _check_namespace(namespace)
+        with self._reading("active_by_key") as conn:
+            row = conn.execute(
+                f"SELECT {_MEMORY_COLUMNS} FROM memories "
+                "WHERE namespace = ? AND key = ? AND status = 'active' "
+                "ORDER BY rowid DESC LIMIT 1",
+                (namespace, key),
+            ).fetchone()
+        return None if row is None else _memory(row)
+
+    def iter_active_embeddings(self, namespace: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(rowids int64 [n], vectors float32 [n, d])`` of the active memories, by rowid.
+
+        With no active memory the vectors have shape ``(0, 0)``: the store does not know the
+        index's dimension. ``StorageError`` if stored embeddings disagree on their dimension.
+        """
+        _check_namespace(namespace)
+        with self._reading("iter_active_embeddings") as conn:
+            rows = conn.execute(
+                "SELECT rowid, embedding FROM memories "
+                "WHERE namespace = ? AND status = 'active' AND embedding IS NOT NULL "
+                "ORDER BY rowid",
+                (namespace,),
+            ).fetchall()
+        if not rows:
+            return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
+        nbytes = len(rows[0][1])
+        if nbytes % 4 or any(len(blob) != nbytes for _, blob in rows):
+            raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
+        rowids = np.fromiter((r for r, _ in rows), dtype=np.int64, count=len(rows))
+        flat = np.frombuffer(b"".join(blob for _, blob in rows), dtype="<f4")
+        return rowids, flat.astype(np.float32).reshape(len(rows), nbytes // 4)
+
+    def namespaces(self) -> list[str]:
+        """Every namespace that holds a memory (of any status), sorted."""
+        with self._reading("namespaces") as conn:
+            rows = conn.execute("SELECT DISTINCT namespace FROM memories ORDER BY 1").fetchall()
+        return [r[0] for r in rows]
+
+    def count_active(self, namespace: str) -> int:
+        _check_namespace(namespace)
+        with self._reading("count_active") as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM memories WHERE namespace = ? AND status = 'active'",
+                (namespace,),
+            ).fetchone()
+        return int(row[0])
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        """The supersedes chain holding ``memory_id``, oldest first.
+
+        Walks back to the chain's first memory, then forward through every memory that
+        supersedes one of the chain (undone branches included). ``NotFound`` if absent.
+        """
+        _check_namespace(namespace)
+        with self._reading("history") as conn:
+            root = conn.execute(
+                """
+                WITH RECURSIVE up(id, supersedes, depth) AS (
+                    SELECT id, supersedes, 0 FROM memories WHERE id = ? AND namespace = ?
+                    UNION
+                    SELECT m.id, m.supersedes, up.depth + 1
+                    FROM memories m JOIN up ON m.id = up.supersedes
+                    WHERE m.namespace = ? AND up.depth < 1000000
+                )
+                SELECT id FROM up ORDER BY depth DESC LIMIT 1
+                """,
+                (memory_id, namespace, namespace),
+            ).fetchone()
+            if root is None:
+                raise NotFound(f"no memory {memory_id} in this namespace")
+            rows = conn.execute(
+                f"""
+                WITH RECURSIVE down(id) AS (
+                    SELECT ?
+                    UNION
+                    SELECT m.id FROM memories m JOIN down ON m.supersedes = down.id
+                    WHERE m.namespace = ?
+                )
+                SELECT {_MEMORY_COLUMNS} FROM memories
+                WHERE namespace = ? AND id IN (SELECT id FROM down)
+                ORDER BY rowid
+                """,
+                (root[0], namespace, namespace),
+            ).fetchall()
+        return [_memory(r) for r in rows]
+
+    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """The namespace's events with ``seq > after_seq``, oldest first."""
+        _check_namespace(namespace)
+        _check_limit(limit)
+        if after_seq < 0:
+            raise InvalidInput(f"after_seq must be >= 0, got {after_seq}")
+        with self._reading("events") as conn:
+            rows = conn.execute(
+                "SELECT seq, namespace, type, memory_id, target_id, policy, scores, created_at "
+                "FROM events WHERE namespace = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (namespace, after_seq, limit),
+            ).fetchall()
+        return [
+            Event(
+                seq=r[0],
+                namespace=r[1],
+                type=r[2],
+                memory_id=r[3],
+                target_id=r[4],
+                policy=r[5],
+                scores=_loads_dict(r[6]),
+                created_at=r[7],
+            )
+            for r in rows
+        ]
+
+    def list_review(
+        self, namespace: str, status: ReviewStatus = "pending", limit: int = 100
+    ) -> list[ReviewItem]:
+        """Review items of ``namespace`` with ``status``, oldest first."""
+        _check_namespace(namespace)
+        _check_limit(limit)
+        if status not in REVIEW_STATUSES:
+            raise InvalidInput(f"status must be one of {REVIEW_STATUSES}, got {status!r}")
+        with self._reading("list_review") as conn:
+            rows = conn.execute(
+                f"SELECT {_REVIEW_COLUMNS} FROM reviews "
+                "WHERE namespace = ? AND status = ? ORDER BY created_at, rowid LIMIT ?",
+                (namespace, status, limit),
+            ).fetchall()
+        return [_review(r) for r in rows]
+
+
+def _scrub(scores: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in scores.items() if k not in _TEXT_SCORE_KEYS}

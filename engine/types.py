@@ -1,0 +1,150 @@
+"""Domain types shared by every layer. Pure: no I/O, no heavy imports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "ACTIONS",
+    "KINDS",
+    "Action",
+    "Candidate",
+    "Decision",
+    "Event",
+    "Fact",
+    "Kind",
+    "Memory",
+    "ReviewItem",
+    "Status",
+]
+
+Kind = Literal["episodic", "semantic", "procedural"]
+KINDS: tuple[str, ...] = ("episodic", "semantic", "procedural")
+
+Action = Literal["add", "replace", "skip", "review"]
+ACTIONS: tuple[str, ...] = ("add", "replace", "skip", "review")
+
+# active: recalled and replaceable. superseded: replaced by a newer memory (its superseded_by).
+# forgotten: deleted on request (text erased). undone: a replacement that was undone.
+# rejected: a reviewed fact that a reviewer discarded (kept for the audit trail only).
+Status = Literal["active", "superseded", "forgotten", "undone"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """An incoming memory write, before the gate decided on it."""
+
+    namespace: str
+    text: str
+    kind: Kind = "semantic"
+    key: str | None = None
+    """Explicit attribute key (``plan``, ``timezone``): replaces by key with no model."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str | None = None
+    idempotency_key: str | None = None
+    """A retried write with the same key returns the first result and stores nothing twice."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """A stored memory, as the store returns it."""
+
+    id: str
+    namespace: str
+    kind: Kind
+    text: str
+    key: str | None
+    metadata: dict[str, Any]
+    source: str | None
+    created_at: float
+    status: Status
+    supersedes: str | None
+    superseded_by: str | None
+    scores: dict[str, Any]
+    """Scores of the decision that stored this memory (similarity, contradiction, rule, policy)."""
+    inferred_key: str | None = None
+    """Attribute key inferred from the text (subject/attribute), used to keep siblings apart."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A stored memory the gate considered for one incoming fact."""
+
+    memory_id: str
+    text: str
+    similarity: float
+    contradiction: float | None = None
+    """None when the candidate was below the floor and never scored."""
+    entailment: float | None = None
+    """Entailment of the new fact by the memory, when the NLI model has that label."""
+    key: str | None = None
+    passed: bool = False
+    """True when this candidate cleared every check for replacement."""
+    reason: str = ""
+    """Why it did or did not pass (``below_floor``, ``key_conflict``, ``low_contradiction``...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the gate decided for one fact, with the evidence."""
+
+    action: Action
+    fact: Fact
+    target_id: str | None
+    candidates: tuple[Candidate, ...]
+    policy: str
+    rule: str
+    """Which path decided: ``episodic``, ``keyed``, ``duplicate``, ``contradiction``, ``no_conflict``..."""
+    hypothesis: str | None = None
+    """The normalised text used as NLI hypothesis, when normalisation rewrote the fact."""
+    inferred_key: str | None = None
+    memory_id: str | None = None
+    """Id of the memory stored by this decision (apply mode; None for skip and dry runs)."""
+    review_id: str | None = None
+    replayed: bool = False
+    """True when an idempotency key matched and the first result was returned."""
+
+    def scores(self) -> dict[str, Any]:
+        """The compact score record stored with the memory and in the event log."""
+        best = next((c for c in self.candidates if c.memory_id == self.target_id), None)
+        return {
+            "policy": self.policy,
+            "rule": self.rule,
+            "target": self.target_id,
+            "similarity": None if best is None else round(best.similarity, 6),
+            "contradiction": None
+            if best is None or best.contradiction is None
+            else round(best.contradiction, 6),
+            "inferred_key": self.inferred_key,
+            "hypothesis": self.hypothesis,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One row of the append-only event log."""
+
+    seq: int
+    namespace: str
+    type: str
+    """add, replace, skip, review_queued, review_resolved, forget, undo."""
+    memory_id: str | None
+    target_id: str | None
+    policy: str | None
+    scores: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewItem:
+    """A conflict the review policy queued for a human."""
+
+    id: str
+    namespace: str
+    fact: Fact
+    target_id: str | None
+    scores: dict[str, Any]
+    status: Literal["pending", "accepted", "kept_both", "rejected"]
+    created_at: float
+    resolved_memory_id: str | None = None
