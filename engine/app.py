@@ -1,0 +1,58 @@
+"""Factories at the edge: build a ready :class:`Engine` from a data directory and a model cache."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.gate.gate import Gate, GateSettings
+from engine.index import IndexManager, IndexSettings
+from engine.runtime.base import BatchSettings
+from engine.runtime.loader import ModelChoice, load_models
+from engine.runtime.session import SessionSettings
+from engine.store import SQLiteStore, StoreSettings
+
+__all__ = ["Engine", "EngineSettings", "open_engine"]
+
+log = logging.getLogger("memgate")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    data_dir: Path = Path("memgate-data")
+    """Where the store (memgate.db) lives."""
+    cache_dir: Path = Path.home() / ".cache" / "memgate"
+    """Where built model artefacts live (``memgate models build``)."""
+    models: ModelChoice = field(default_factory=ModelChoice)
+    session: SessionSettings = field(default_factory=SessionSettings)
+    batching: BatchSettings = field(default_factory=BatchSettings)
+    gate: GateSettings = field(default_factory=GateSettings)
+    index: IndexSettings = field(default_factory=IndexSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+
+
+@dataclass
+class Engine:
+    gate: Gate
+    settings: EngineSettings
+
+    def close(self) -> None:
+        self.gate.store.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Engine:
+    embedder, nli = load_models(settings.cache_dir, settings.models, settings.session, settings.batching)
+    embedder.warmup()
+    nli.warmup()
+    path = db_path or Path(settings.data_dir) / "memgate.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store = SQLiteStore(path, settings.store)
+    index = IndexManager(store.iter_active_embeddings, settings.index)
+    return Engine(Gate(store, index, embedder, nli, settings.gate), settings)

@@ -1,0 +1,190 @@
+"""``memgate``: the one console script. The only module that reads the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.errors import MemgateError
+
+__all__ = ["main"]
+
+
+def _default_cache() -> Path:
+    return Path(os.environ.get("MEMGATE_HOME", Path.home() / ".cache" / "memgate"))
+
+
+def _engine_settings(args: argparse.Namespace) -> Any:
+    from engine.app import EngineSettings
+    from engine.runtime.loader import ModelChoice
+    from engine.runtime.session import SessionSettings
+
+    return EngineSettings(
+        data_dir=Path(args.data_dir),
+        cache_dir=Path(args.cache_dir),
+        models=ModelChoice(
+            embedder_variant=args.embedder_variant,
+            nli=args.nli,
+            nli_variant=args.nli_variant,
+            allow_random_weights=args.allow_random_weights,
+        ),
+        session=SessionSettings(device=args.device, intra_op_threads=args.threads),
+    )
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default=os.environ.get("MEMGATE_DATA", "memgate-data"),
+                   help="directory of the store (default: $MEMGATE_DATA or ./memgate-data)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")
+    p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
+    p.add_argument("--nli-variant", default="auto")
+    p.add_argument("--embedder-variant", default="fp32")
+    p.add_argument("--allow-random-weights", action="store_true",
+                   help="serve a random-initialised NLI model (speed work only)")
+
+
+def _print_decision(d: Any, show_candidates: int = 3) -> None:
+    target = f" -> {d.target_id}" if d.target_id else ""
+    print(f"[{d.action.upper():7}] {d.fact.text!r}{target}  (rule: {d.rule})")
+    if d.hypothesis:
+        print(f"          NLI hypothesis: {d.hypothesis!r}")
+    for c in d.candidates[:show_candidates]:
+        contra = "  -  " if c.contradiction is None else f"{c.contradiction:.3f}"
+        print(f"          sim {c.similarity:.3f}  contradiction {contra}  {c.reason:<22} {c.text!r}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from engine.app import open_engine
+    from engine.types import Fact
+
+    with tempfile.TemporaryDirectory() as tmp, open_engine(
+        _engine_settings(args), db_path=Path(tmp) / "demo.db"
+    ) as eng:
+        print(f"models: {eng.gate.embedder.manifest.describe()}")  # type: ignore[attr-defined]
+        print(f"        {eng.gate.nli.manifest.describe()}")  # type: ignore[attr-defined]
+        ns = "demo/acme"
+        seed = ["The customer's office is in Denver.", "The customer prefers email over phone calls.",
+                "The customer's account manager is Priya."]
+        eng.gate.ingest([Fact(ns, t) for t in seed])
+        print("stored:", *(f"  {t}" for t in seed), sep="\n")
+        incoming = [Fact(ns, "The customer's office is in Chicago."),
+                    Fact(ns, "The customer is learning to play the cello.")]
+        for policy in ("strict", "review"):
+            print(f"\npolicy {policy} (dry run):")
+            for d in eng.gate.triage(incoming, policy).decisions:
+                _print_decision(d)
+    return 0
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    from engine.app import open_engine
+    from engine.types import Fact
+
+    facts = []
+    with open(args.file, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            try:
+                facts.append(Fact(namespace=row["namespace"], text=row["text"],
+                                  kind=row.get("kind", "semantic"), key=row.get("key"),
+                                  metadata=row.get("metadata") or {}, source=row.get("source"),
+                                  idempotency_key=row.get("idempotency_key")))
+            except KeyError as exc:
+                raise SystemExit(f"{args.file}:{n}: missing field {exc}") from None
+    with open_engine(_engine_settings(args)) as eng:
+        result = eng.gate.triage(facts, args.policy, apply=args.apply)
+    for d in result.decisions:
+        if args.json:
+            print(json.dumps({"action": d.action, "target": d.target_id, "rule": d.rule,
+                              "memory_id": d.memory_id, "text": d.fact.text}))
+        else:
+            _print_decision(d)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from engine.app import open_engine
+    from engine.evaluate import load_cases, predict
+
+    cases = load_cases(Path(args.cases))
+    with tempfile.TemporaryDirectory() as tmp, open_engine(
+        _engine_settings(args), db_path=Path(tmp) / "eval.db"
+    ) as eng:
+        overrides = json.loads(args.overrides) if args.overrides else None
+        from engine.gate.policy import policy_by_name
+
+        policy = policy_by_name(args.policy).with_overrides(overrides)
+        rows = predict(eng.gate, cases, policy)
+    lines = []
+    for pred, d in rows:
+        rec = dict(pred)
+        if args.explain:
+            rec["rule"] = d.rule
+            rec["candidates"] = [
+                (c.text[:60], round(c.similarity, 3),
+                 None if c.contradiction is None else round(c.contradiction, 3), c.reason)
+                for c in d.candidates[:4]
+            ]
+        lines.append(json.dumps(rec))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        print(*lines, sep="\n")
+    print(f"wrote {len(rows)} predictions ({args.policy})" + (f" to {args.out}" if args.out else ""),
+          file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memgate", description=__doc__)
+    parser.add_argument("--cache-dir", default=str(_default_cache()),
+                        help="model artefact cache (default: $MEMGATE_HOME or ~/.cache/memgate)")
+    parser.add_argument("--log-level", default=os.environ.get("MEMGATE_LOG", "WARNING"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from engine.pipeline.cli import register as register_models
+
+    register_models(sub)
+
+    p = sub.add_parser("demo", help="triage the Denver -> Chicago and cello examples")
+    _add_engine_flags(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
+    p.add_argument("file")
+    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
+    p.add_argument("--json", action="store_true")
+    _add_engine_flags(p)
+    p.set_defaults(func=cmd_triage)
+
+    p = sub.add_parser("eval", help="predict labelled/unlabelled gate cases (shared eval format)")
+    p.add_argument("--cases", required=True)
+    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--out", help="predictions.jsonl (default: stdout)")
+    p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"normalize": false}')
+    p.add_argument("--explain", action="store_true", help="add rule and candidates to each line")
+    _add_engine_flags(p)
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except MemgateError as exc:
+        print(f"memgate: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

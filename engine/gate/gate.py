@@ -1,0 +1,457 @@
+"""The write gate: batch triage of incoming facts against a namespace's stored memories.
+
+One batch, any mix of namespaces, is decided with one embedder call, one grouped index search per
+namespace and one NLI call over every candidate pair. Facts are then decided in order, so a later
+fact sees what earlier facts of the same batch did (two updates of one attribute: the second
+supersedes the first and the chain is kept). ``apply=True`` commits every decision in one store
+transaction and then moves the indexes; a dry run decides only.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.errors import InvalidInput
+from engine.gate import keys as keymod
+from engine.gate import normalize as normmod
+from engine.gate.policy import Evidence, Policy, decide, policy_by_name
+from engine.types import KINDS, Candidate, Decision, Fact, Memory
+
+__all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
+
+
+class EmbedderLike(Protocol):
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+class NLILike(Protocol):
+    contradiction_index: int
+    entailment_index: int | None
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
+
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """Limits of the gate. Every field is range-checked."""
+
+    max_batch: int = 2048
+    """Most facts in one triage call."""
+    max_text_chars: int = 8192
+    """Longest accepted fact text (characters). Longer texts are refused, never silently cut."""
+    max_metadata_bytes: int = 16384
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_batch <= 1_000_000:
+            raise InvalidInput("max_batch must be in [1, 1000000]")
+        if not 1 <= self.max_text_chars <= 1_000_000:
+            raise InvalidInput("max_text_chars must be in [1, 1000000]")
+
+
+@dataclass
+class TriageResult:
+    decisions: list[Decision]
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase: embed, search, nli, decide, store."""
+    nli_pairs: int = 0
+
+
+@dataclass
+class _Ref:
+    """A memory the gate can compare against: stored (rowid >= 0) or earlier in this batch."""
+
+    memory_id: str
+    text: str
+    key: str | None
+    inferred_key: str | None
+    rowid: int | None = None
+
+
+def validate_fact(fact: Fact, settings: GateSettings) -> None:
+    if not isinstance(fact.namespace, str) or not _NAMESPACE.match(fact.namespace):
+        raise InvalidInput(
+            "namespace must be 1-128 characters of letters, digits and _ . : / @ -, "
+            "starting with a letter or digit"
+        )
+    if not isinstance(fact.text, str) or not fact.text.strip():
+        raise InvalidInput("fact text is empty")
+    if len(fact.text) > settings.max_text_chars:
+        raise InvalidInput(f"fact text has {len(fact.text)} characters; the limit is {settings.max_text_chars}")
+    if "\x00" in fact.text:
+        raise InvalidInput("fact text contains a NUL character")
+    if fact.kind not in KINDS:
+        raise InvalidInput(f"unknown kind {fact.kind!r}: choose one of {', '.join(KINDS)}")
+    if fact.key is not None and (not fact.key.strip() or len(fact.key) > 256):
+        raise InvalidInput("key must be 1-256 characters")
+    if fact.idempotency_key is not None and not 1 <= len(fact.idempotency_key) <= 256:
+        raise InvalidInput("idempotency_key must be 1-256 characters")
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+class Gate:
+    """Decides, and optionally commits, batches of facts. Thread-safe per namespace."""
+
+    def __init__(
+        self,
+        store: Any,
+        index: Any,
+        embedder: EmbedderLike,
+        nli: NLILike,
+        settings: GateSettings | None = None,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.embedder = embedder
+        self.nli = nli
+        self.settings = settings or GateSettings()
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+
+    # -- locking -------------------------------------------------------------------------
+    @contextmanager
+    def namespaces_locked(self, namespaces: set[str]) -> Iterator[None]:
+        """Serialise writers per namespace; sorted acquisition cannot deadlock."""
+        with self._locks_guard:
+            locks = [self._locks[ns] for ns in sorted(namespaces)]
+        with ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+    # -- triage --------------------------------------------------------------------------
+    def triage(
+        self,
+        facts: Sequence[Fact],
+        policy: Policy | str = "strict",
+        *,
+        apply: bool = False,
+        overrides: dict[str, Any] | None = None,
+    ) -> TriageResult:
+        pol = policy_by_name(policy) if isinstance(policy, str) else policy
+        pol = pol.with_overrides(overrides)
+        if len(facts) > self.settings.max_batch:
+            raise InvalidInput(f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}")
+        for fact in facts:
+            validate_fact(fact, self.settings)
+        if not facts:
+            return TriageResult(decisions=[])
+        if not apply:
+            return self._triage(facts, pol, apply=False)
+        with self.namespaces_locked({f.namespace for f in facts}):
+            return self._triage(facts, pol, apply=True)
+
+    def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        vectors = self.embedder.embed([f.text for f in facts])
+        timings["embed"] = time.perf_counter() - t0
+
+        # Free-text semantic/procedural facts are checked against similar memories.
+        checked = [i for i, f in enumerate(facts) if f.kind != "episodic" and f.key is None]
+        t0 = time.perf_counter()
+        recalled = self._recall(facts, vectors, checked, pol.top_k)
+        timings["search"] = time.perf_counter() - t0
+
+        norm = {i: normmod.normalize(facts[i].text) for i in checked} if pol.normalize else {}
+        inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts) if f.kind != "episodic"}
+
+        # Candidate sets: stored neighbours plus earlier facts of this batch in the namespace.
+        cand: dict[int, list[tuple[_Ref, float]]] = {}
+        for i in checked:
+            pool = list(recalled.get(i, []))
+            for j in range(i):
+                fj = facts[j]
+                if fj.namespace == facts[i].namespace and fj.kind != "episodic":
+                    ref = _Ref(f"@{j}", fj.text, fj.key, _key_str(inferred.get(j)))
+                    pool.append((ref, float(vectors[i] @ vectors[j])))
+            pool.sort(key=lambda rs: -rs[1])
+            cand[i] = pool[: pol.top_k + i]  # earlier in-batch facts never crowd out stored ones
+
+        relations: dict[tuple[int, str], Any] = {}
+        pairs: list[tuple[str, str]] = []
+        pair_at: dict[tuple[int, str, str], int] = {}
+        for i in checked:
+            hyp = norm[i].hypothesis if i in norm else facts[i].text
+            for rank, (ref, sim) in enumerate(cand[i]):
+                if sim < pol.floor:
+                    continue
+                rel = keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key) if pol.keys else None
+                relations[(i, ref.memory_id)] = rel
+                if rel is not None and rel.key_conflict:
+                    continue  # a sibling is never replaced: no need to ask the model
+                pair_at[(i, ref.memory_id, "fwd")] = len(pairs)
+                pairs.append((ref.text, hyp))
+                if rank == 0 and sim >= pol.duplicate_similarity and self.nli.entailment_index is not None:
+                    pair_at[(i, ref.memory_id, "rev")] = len(pairs)
+                    pairs.append((facts[i].text, ref.text))
+
+        t0 = time.perf_counter()
+        probs = self.nli.score(pairs) if pairs else np.zeros((0, 2), dtype=np.float32)
+        timings["nli"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        decisions = self._decide_in_order(facts, pol, cand, relations, probs, pair_at, norm, inferred)
+        timings["decide"] = time.perf_counter() - t0
+
+        if apply:
+            t0 = time.perf_counter()
+            decisions = self._commit(decisions, vectors, pol.name, inferred)
+            timings["store"] = time.perf_counter() - t0
+        return TriageResult(decisions=decisions, timings=timings, nli_pairs=len(pairs))
+
+    def _recall(
+        self, facts: Sequence[Fact], vectors: np.ndarray, checked: list[int], k: int
+    ) -> dict[int, list[tuple[_Ref, float]]]:
+        by_ns: dict[str, list[int]] = defaultdict(list)
+        for i in checked:
+            by_ns[facts[i].namespace].append(i)
+        out: dict[int, list[tuple[_Ref, float]]] = {}
+        for ns, idx in by_ns.items():
+            scores, rowids = self.index.search(ns, vectors[idx], k)
+            wanted = {int(r) for r in rowids.ravel() if r >= 0}
+            refs = self.store.texts_for_rowids(ns, sorted(wanted)) if wanted else {}
+            for row, i in enumerate(idx):
+                hits = []
+                for s, r in zip(scores[row], rowids[row], strict=True):
+                    ref = refs.get(int(r))
+                    if r < 0 or ref is None or ref.kind == "episodic":
+                        continue
+                    hits.append((_Ref(ref.id, ref.text, ref.key, ref.inferred_key, int(r)), float(s)))
+                out[i] = hits
+        return out
+
+    def _decide_in_order(
+        self,
+        facts: Sequence[Fact],
+        pol: Policy,
+        cand: dict[int, list[tuple[_Ref, float]]],
+        relations: dict[tuple[int, str], Any],
+        probs: np.ndarray,
+        pair_at: dict[tuple[int, str, str], int],
+        norm: dict[int, Any],
+        inferred: dict[int, Any],
+    ) -> list[Decision]:
+        from engine.store import new_memory_id
+
+        ci, ei = self.nli.contradiction_index, self.nli.entailment_index
+        decisions: list[Decision] = []
+        # In-batch state: ids given to earlier facts, memories they superseded, keyed slots.
+        batch_id: dict[str, str] = {}
+        gone: set[str] = set()
+        keyed: dict[tuple[str, str], tuple[str, str]] = {}
+        for i, fact in enumerate(facts):
+            new_id = new_memory_id()
+            ikey = _key_str(inferred.get(i))
+            hyp = norm[i].hypothesis if i in norm and norm[i].rule else None
+            if fact.kind == "episodic":
+                d = Decision("add", fact, None, (), pol.name, "episodic", memory_id=new_id)
+            elif fact.key is not None:
+                d = self._decide_keyed(fact, pol, keyed, gone, new_id, ikey)
+            else:
+                evidence = []
+                for ref, sim in cand[i]:
+                    mid = batch_id.get(ref.memory_id, ref.memory_id)
+                    if mid in gone or mid.startswith("@"):
+                        continue  # superseded earlier in this batch, or that fact stored nothing
+                    rel = relations.get((i, ref.memory_id))
+                    fwd = pair_at.get((i, ref.memory_id, "fwd"))
+                    rev = pair_at.get((i, ref.memory_id, "rev"))
+                    evidence.append(
+                        Evidence(
+                            memory_id=mid,
+                            text=ref.text,
+                            similarity=sim,
+                            contradiction=None if fwd is None else float(probs[fwd, ci]),
+                            entailment=None if fwd is None or ei is None else float(probs[fwd, ei]),
+                            reverse_entailment=None if rev is None or ei is None else float(probs[rev, ei]),
+                            key=ref.key or ref.inferred_key,
+                            key_match=bool(rel and rel.key_match),
+                            key_conflict=bool(rel and rel.key_conflict),
+                            conflict_reason=getattr(rel, "reason", "") if rel else "",
+                        )
+                    )
+                v = decide(evidence, pol)
+                rule = v.rule
+                if hyp and v.action in ("replace", "review"):
+                    rule = f"{rule}+normalized:{norm[i].rule}"
+                d = Decision(
+                    v.action, fact, v.target_id, v.candidates, pol.name, rule,
+                    hypothesis=hyp, inferred_key=ikey,
+                    memory_id=new_id if v.action in ("add", "replace") else None,
+                )
+            if d.action in ("add", "replace") and d.memory_id:
+                batch_id[f"@{i}"] = d.memory_id
+            if d.action == "replace" and d.target_id:
+                gone.add(d.target_id)
+            decisions.append(d)
+        return decisions
+
+    def _decide_keyed(
+        self,
+        fact: Fact,
+        pol: Policy,
+        keyed: dict[tuple[str, str], tuple[str, str]],
+        gone: set[str],
+        new_id: str,
+        ikey: str | None,
+    ) -> Decision:
+        assert fact.key is not None
+        slot = (fact.namespace, fact.key)
+        current: tuple[str, str] | None = keyed.get(slot)
+        if current is None:
+            mem: Memory | None = self.store.active_by_key(fact.namespace, fact.key)
+            if mem is not None and mem.id not in gone:
+                current = (mem.id, mem.text)
+        if current is None:
+            d = Decision("add", fact, None, (), pol.name, "keyed_new", inferred_key=ikey, memory_id=new_id)
+            keyed[slot] = (new_id, fact.text)
+            return d
+        cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, "same_key"),)
+        if _same_text(current[1], fact.text):
+            return Decision("skip", fact, current[0], cand, pol.name, "keyed_same", inferred_key=ikey)
+        keyed[slot] = (new_id, fact.text)
+        return Decision("replace", fact, current[0], cand, pol.name, "keyed", inferred_key=ikey, memory_id=new_id)
+
+    # -- reads and corrections -------------------------------------------------------------
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        return self.store.get(namespace, memory_id)
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        chain: list[Memory] = self.store.history(namespace, memory_id)
+        return chain
+
+    def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]:
+        """The ``k`` active memories most similar to ``query`` (episodic ones included)."""
+        validate_fact(Fact(namespace=namespace, text=query), self.settings)
+        if not 1 <= k <= 1000:
+            raise InvalidInput("k must be in [1, 1000]")
+        vec = self.embedder.embed([query])
+        scores, rowids = self.index.search(namespace, vec, k)
+        refs = self.store.texts_for_rowids(namespace, [int(r) for r in rowids[0] if r >= 0])
+        mems = self.store.get_many(namespace, [refs[int(r)].id for r in rowids[0] if int(r) in refs])
+        by_id = {m.id: m for m in mems}
+        hits = []
+        for s, r in zip(scores[0], rowids[0], strict=True):
+            ref = refs.get(int(r))
+            if ref is not None and ref.id in by_id:
+                hits.append((by_id[ref.id], float(s)))
+        return hits
+
+    def forget(self, namespace: str, memory_id: str) -> str:
+        """Erase a memory: its text and embedding are deleted, it leaves the index."""
+        with self.namespaces_locked({namespace}):
+            rowid = self.store.forget(namespace, memory_id)
+            self.index.remove(namespace, np.asarray([rowid], dtype=np.int64))
+        return memory_id
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
+        """Undo the replacement made by ``memory_id``: the memory it superseded is active again."""
+        with self.namespaces_locked({namespace}):
+            res = self.store.undo(namespace, memory_id)
+            self.index.remove(namespace, np.asarray([res.undone_rowid], dtype=np.int64))
+            if res.restored_embedding is not None:
+                self.index.add(namespace, np.asarray([res.restored_rowid], dtype=np.int64),
+                               res.restored_embedding[None, :])
+        return res.restored, res.undone
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[Any]:
+        return list(self.store.list_review(namespace, "pending", limit))
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> Any:
+        """accept = replace the target, keep_both = add, reject = discard."""
+        if resolution not in ("accept", "keep_both", "reject"):
+            raise InvalidInput("resolution must be accept, keep_both or reject")
+        with self.namespaces_locked({namespace}):
+            res = self.store.resolve_review(namespace, review_id, resolution)
+            if res.rowid is not None and res.embedding is not None:
+                self.index.add(namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :])
+            if res.superseded_rowid is not None:
+                self.index.remove(namespace, np.asarray([res.superseded_rowid], dtype=np.int64))
+        return res
+
+    def ingest(self, facts: Sequence[Fact]) -> list[Decision]:
+        """Store facts as they are, without a gate decision (trusted imports, eval set-up)."""
+        for fact in facts:
+            validate_fact(fact, self.settings)
+        if not facts:
+            return []
+        vectors = self.embedder.embed([f.text for f in facts])
+        decisions = _ingest_decisions(facts, "ingest")
+        inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts)}
+        decisions = [
+            Decision(d.action, d.fact, None, (), d.policy, d.rule,
+                     inferred_key=_key_str(inferred[i]), memory_id=d.memory_id)
+            for i, d in enumerate(decisions)
+        ]
+        with self.namespaces_locked({f.namespace for f in facts}):
+            return self._commit(decisions, vectors, "ingest", inferred)
+
+    # -- commit --------------------------------------------------------------------------
+    def _commit(
+        self, decisions: list[Decision], vectors: np.ndarray, policy: str, inferred: dict[int, Any]
+    ) -> list[Decision]:
+        from dataclasses import replace as dc_replace
+
+        from engine.store import Write
+
+        writes = [
+            Write(
+                action=d.action,
+                fact=d.fact,
+                target_id=d.target_id,
+                embedding=vectors[i],
+                scores=d.scores(),
+                policy=policy,
+                inferred_key=d.inferred_key,
+                memory_id=d.memory_id,
+            )
+            for i, d in enumerate(decisions)
+        ]
+        results = self.store.commit(writes)
+        adds: dict[str, tuple[list[int], list[np.ndarray]]] = defaultdict(lambda: ([], []))
+        removes: dict[str, list[int]] = defaultdict(list)
+        out = []
+        for i, (d, r) in enumerate(zip(decisions, results, strict=True)):
+            ns = d.fact.namespace
+            if r.replayed:
+                out.append(dc_replace(d, action=r.action, target_id=r.target_id, memory_id=r.memory_id,
+                                      review_id=r.review_id, replayed=True))
+                continue
+            if r.rowid is not None:
+                adds[ns][0].append(r.rowid)
+                adds[ns][1].append(vectors[i])
+            if r.superseded_rowid is not None:
+                removes[ns].append(r.superseded_rowid)
+            out.append(dc_replace(d, memory_id=r.memory_id, review_id=r.review_id))
+        for ns, (rowids, vecs) in adds.items():
+            self.index.add(ns, np.asarray(rowids, dtype=np.int64), np.stack(vecs))
+        for ns, rowids in removes.items():
+            self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
+        return out
+
+
+def _key_str(key: Any) -> str | None:
+    return None if key is None else str(key)
+
+
+def _ingest_decisions(facts: Sequence[Fact], policy: str) -> list[Decision]:
+    from engine.store import new_memory_id
+
+    return [Decision("add", f, None, (), policy, "ingest", memory_id=new_memory_id()) for f in facts]

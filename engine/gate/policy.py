@@ -1,0 +1,190 @@
+"""Gate policies and the pure decision rule. No I/O, no models: unit-tested with synthetic scores.
+
+The rule, per incoming free-text fact, over candidates sorted by similarity:
+
+1. keep candidates at or above the similarity ``floor``;
+2. **duplicate first**: the most similar candidate is a duplicate when it is nearly identical
+   (``duplicate_similarity``), the model sees no contradiction, and, where the model has an
+   entailment label, each side entails the other;
+3. a candidate **passes** when its contradiction clears the threshold, it is not a sibling
+   (attribute keys in conflict: return vs outbound flight, another person, another environment),
+   and its entities and numbers do not show it to be about something else. A candidate whose
+   attribute key matches the new fact's needs less evidence (``key_match_contradiction``);
+4. the **single most similar** passing candidate is the target. When a second passing candidate
+   is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
+   and goes to review instead of replacing either;
+5. strict replaces the target; review queues it. Everything else is added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+from engine.errors import InvalidInput
+from engine.types import Action, Candidate
+
+__all__ = ["REVIEW", "STRICT", "Evidence", "Policy", "Verdict", "decide", "policy_by_name"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Thresholds of one gate policy. Every field is a setting, validated on construction."""
+
+    name: str = "strict"
+    mode: Literal["replace", "review"] = "replace"
+    """``replace``: conflicts are replaced automatically; ``review``: they go to the review queue."""
+    floor: float = 0.60
+    """Candidates below this cosine similarity are never considered."""
+    contradiction: float = 0.95
+    """Contradiction probability a candidate must exceed to count as a conflict."""
+    key_match_contradiction: float = 0.50
+    """Lower bar for a candidate whose inferred attribute key matches the new fact's."""
+    top_k: int = 20
+    """How many similar memories are recalled per fact."""
+    duplicate_similarity: float = 0.90
+    """At or above this similarity (and with no contradiction) the fact is a duplicate."""
+    duplicate_max_contradiction: float = 0.50
+    """A near-identical candidate above this contradiction is an update, not a duplicate."""
+    ambiguity_margin: float = 0.02
+    """Two passing candidates closer than this in similarity are equally plausible targets."""
+    normalize: bool = True
+    """Rewrite change/event phrasing into a current-state statement for the NLI check."""
+    keys: bool = True
+    """Infer attribute keys and use them to protect siblings and to recognise updates."""
+
+    def __post_init__(self) -> None:
+        unit = ("floor", "contradiction", "key_match_contradiction", "duplicate_similarity",
+                "duplicate_max_contradiction")
+        for name in unit:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
+                raise InvalidInput(f"policy {self.name}: {name} must be in [0, 1], got {value!r}")
+        if not 0.0 <= self.ambiguity_margin <= 0.5:
+            raise InvalidInput(f"policy {self.name}: ambiguity_margin must be in [0, 0.5]")
+        if not 1 <= self.top_k <= 200:
+            raise InvalidInput(f"policy {self.name}: top_k must be in [1, 200], got {self.top_k}")
+        if self.mode not in ("replace", "review"):
+            raise InvalidInput(f"policy {self.name}: mode must be 'replace' or 'review'")
+
+    def with_overrides(self, overrides: dict[str, Any] | None) -> Policy:
+        """A copy with per-request overrides, each validated; unknown names are refused."""
+        if not overrides:
+            return self
+        known = {f.name for f in fields(self)} - {"name", "mode"}
+        unknown = set(overrides) - known
+        if unknown:
+            raise InvalidInput(f"unknown policy override(s): {sorted(unknown)}")
+        return replace(self, **overrides)
+
+
+STRICT = Policy()
+REVIEW = Policy(name="review", mode="review", floor=0.45)
+_POLICIES = {"strict": STRICT, "review": REVIEW}
+
+
+def policy_by_name(name: str) -> Policy:
+    try:
+        return _POLICIES[name]
+    except KeyError:
+        raise InvalidInput(f"unknown policy {name!r}: choose strict or review") from None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the gate measured about one candidate."""
+
+    memory_id: str
+    text: str
+    similarity: float
+    contradiction: float | None = None
+    entailment: float | None = None
+    """P(memory entails new fact), when the model has an entailment label."""
+    reverse_entailment: float | None = None
+    """P(new fact entails memory), when measured."""
+    key: str | None = None
+    key_match: bool = False
+    key_conflict: bool = False
+    conflict_reason: str = ""
+    mismatch: str = ""
+    """Non-empty when entities/numbers show the candidate is about something else."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    target_id: str | None
+    rule: str
+    candidates: tuple[Candidate, ...]
+
+
+def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
+    """Apply the policy to the candidates' evidence (any order)."""
+    ranked = sorted(evidence, key=lambda e: -e.similarity)
+    reasons: dict[str, tuple[bool, str]] = {}
+    above = []
+    for ev in ranked:
+        if ev.similarity < policy.floor:
+            reasons[ev.memory_id] = (False, "below_floor")
+        else:
+            above.append(ev)
+
+    def out(action: Action, target: str | None, rule: str) -> Verdict:
+        cands = tuple(
+            Candidate(
+                memory_id=ev.memory_id,
+                text=ev.text,
+                similarity=float(ev.similarity),
+                contradiction=None if ev.contradiction is None else float(ev.contradiction),
+                entailment=None if ev.entailment is None else float(ev.entailment),
+                key=ev.key,
+                passed=reasons.get(ev.memory_id, (False, ""))[0],
+                reason=reasons.get(ev.memory_id, (False, "not_reached"))[1],
+            )
+            for ev in ranked
+        )
+        return Verdict(action, target, rule, cands)
+
+    if not above:
+        return out("add", None, "no_candidate_above_floor")
+
+    top = above[0]
+    if _is_duplicate(top, policy):
+        reasons[top.memory_id] = (False, "duplicate")
+        return out("skip", top.memory_id, "duplicate")
+
+    passing: list[Evidence] = []
+    for ev in above:
+        bar = policy.key_match_contradiction if ev.key_match else policy.contradiction
+        if ev.key_conflict:
+            reasons[ev.memory_id] = (False, f"key_conflict:{ev.conflict_reason}")
+        elif ev.mismatch:
+            reasons[ev.memory_id] = (False, f"mismatch:{ev.mismatch}")
+        elif ev.contradiction is None or ev.contradiction <= bar:
+            reasons[ev.memory_id] = (False, "low_contradiction")
+        else:
+            reasons[ev.memory_id] = (True, "key_match" if ev.key_match else "contradiction")
+            passing.append(ev)
+
+    if not passing:
+        return out("add", None, "no_conflict")
+    best = passing[0]
+    rival = next((ev for ev in passing[1:] if best.similarity - ev.similarity < policy.ambiguity_margin), None)
+    if rival is not None and best.key_match == rival.key_match:
+        reasons[rival.memory_id] = (True, "ambiguous")
+        return out("review", best.memory_id, "ambiguous_target")
+    rule = "key_match" if best.key_match else "contradiction"
+    if policy.mode == "review":
+        return out("review", best.memory_id, rule)
+    return out("replace", best.memory_id, rule)
+
+
+def _is_duplicate(ev: Evidence, policy: Policy) -> bool:
+    if ev.similarity < policy.duplicate_similarity or ev.key_conflict or ev.mismatch:
+        return False
+    if ev.contradiction is not None and ev.contradiction > policy.duplicate_max_contradiction:
+        return False
+    if ev.entailment is not None and ev.reverse_entailment is not None:
+        return ev.entailment > 0.5 and ev.reverse_entailment > 0.5
+    return True

@@ -1,0 +1,67 @@
+"""Sentence embeddings: mean pooling over the attention mask, L2-normalised float32."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tokenizers import Encoding
+
+from engine.errors import InvalidInput, ManifestMismatch
+from engine.runtime.base import BatchSettings, Prepared, TokenModel
+from engine.runtime.manifest import Manifest
+from engine.runtime.session import SessionSettings
+
+__all__ = ["Embedder"]
+
+
+class Embedder(TokenModel[str]):
+    def __init__(
+        self,
+        manifest: Manifest,
+        session: SessionSettings | None = None,
+        batching: BatchSettings | None = None,
+    ) -> None:
+        if manifest.task != "embedding":
+            raise ManifestMismatch(f"{manifest.describe()} is not an embedding model")
+        super().__init__(manifest, session, batching)
+        self.dim = int(manifest.embedding_dim or 0)
+        out = self.model.session.get_outputs()[0]
+        if self.dim and isinstance(out.shape[-1], int) and out.shape[-1] != self.dim:
+            raise ManifestMismatch(
+                f"{manifest.describe()}: graph width {out.shape[-1]} != manifest embedding_dim {self.dim}"
+            )
+
+    def encode(self, items: Sequence[str]) -> list[Encoding]:
+        for text in items:
+            if not isinstance(text, str):
+                raise InvalidInput(f"embedder input must be str, got {type(text).__name__}")
+        return list(self.tokenizer.encode_batch(list(items), add_special_tokens=True))
+
+    def postprocess(self, outputs: list[list[np.ndarray]], prepared: Prepared) -> np.ndarray:
+        result = np.zeros((prepared.n, self.dim), dtype=np.float32)
+        for bucket, out in zip(prepared.buckets, outputs, strict=True):
+            hidden = out[0]
+            mask = bucket.feeds["attention_mask"]
+            if self.manifest.pooling == "cls":
+                pooled = hidden[:, 0, :]
+            else:
+                m = mask[:, :, None].astype(np.float32)
+                pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+            result[bucket.index] = pooled
+        if self.manifest.normalize:
+            norms = np.linalg.norm(result, axis=1, keepdims=True)
+            result /= np.maximum(norms, 1e-12)
+        return result
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts`` in their order: float32 [n, dim], unit length."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        prepared = self.preprocess(texts)
+        return self.postprocess(self.forward(prepared), prepared)
+
+    __call__ = embed
+
+    def warmup(self) -> None:
+        self.embed(["warm up"])

@@ -1,0 +1,97 @@
+"""The pure decision rule, on synthetic evidence: no models, no store."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import InvalidInput
+from engine.gate.policy import REVIEW, STRICT, Evidence, Policy, decide, policy_by_name
+
+
+def ev(mid: str, sim: float, contra: float | None = 0.0, **kw: object) -> Evidence:
+    return Evidence(memory_id=mid, text=f"memory {mid}", similarity=sim, contradiction=contra, **kw)  # type: ignore[arg-type]
+
+
+def test_no_candidates_adds() -> None:
+    v = decide([], STRICT)
+    assert (v.action, v.target_id, v.rule) == ("add", None, "no_candidate_above_floor")
+
+
+def test_below_floor_is_never_replaced_even_if_contradicting() -> None:
+    v = decide([ev("a", 0.59, 0.999)], STRICT)
+    assert v.action == "add"
+    assert v.candidates[0].reason == "below_floor"
+    # ...but the review policy's floor is lower
+    assert decide([ev("a", 0.59, 0.999)], REVIEW).action == "review"
+
+
+def test_replaces_only_the_single_most_similar_passing_candidate() -> None:
+    v = decide([ev("far", 0.70, 0.99), ev("near", 0.85, 0.99), ev("calm", 0.88, 0.10)], STRICT)
+    assert (v.action, v.target_id) == ("replace", "near")
+    passed = {c.memory_id: c.passed for c in v.candidates}
+    assert passed == {"calm": False, "near": True, "far": True}
+
+
+def test_threshold_is_strictly_greater() -> None:
+    assert decide([ev("a", 0.8, 0.95)], STRICT).action == "add"
+    assert decide([ev("a", 0.8, 0.9501)], STRICT).action == "replace"
+
+
+def test_review_policy_queues_instead_of_replacing() -> None:
+    v = decide([ev("a", 0.8, 0.99)], REVIEW)
+    assert (v.action, v.target_id) == ("review", "a")
+
+
+def test_sibling_with_key_conflict_is_never_replaced() -> None:
+    v = decide([ev("return", 0.93, 0.999, key_conflict=True, conflict_reason="qualifier")], STRICT)
+    assert v.action == "add"
+    assert v.candidates[0].reason.startswith("key_conflict")
+
+
+def test_key_match_lowers_the_bar() -> None:
+    plain = decide([ev("a", 0.7, 0.6)], STRICT)
+    keyed = decide([ev("a", 0.7, 0.6, key_match=True)], STRICT)
+    assert plain.action == "add"
+    assert (keyed.action, keyed.rule) == ("replace", "key_match")
+
+
+def test_duplicate_is_checked_before_contradiction() -> None:
+    v = decide([ev("a", 0.97, 0.05), ev("b", 0.80, 0.99)], STRICT)
+    assert (v.action, v.target_id, v.rule) == ("skip", "a", "duplicate")
+
+
+def test_near_identical_but_contradicting_is_an_update_not_a_duplicate() -> None:
+    v = decide([ev("a", 0.97, 0.99)], STRICT)
+    assert (v.action, v.target_id) == ("replace", "a")
+
+
+def test_duplicate_needs_mutual_entailment_when_measured() -> None:
+    one_way = decide([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.1)], STRICT)
+    both = decide([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.8)], STRICT)
+    assert one_way.action == "add"
+    assert both.action == "skip"
+
+
+def test_two_equally_plausible_targets_go_to_review() -> None:
+    v = decide([ev("a", 0.80, 0.99), ev("b", 0.795, 0.99)], STRICT)
+    assert v.action == "review"
+    assert v.rule == "ambiguous_target"
+
+
+def test_overrides_are_validated() -> None:
+    assert STRICT.with_overrides({"floor": 0.7}).floor == 0.7
+    with pytest.raises(InvalidInput):
+        STRICT.with_overrides({"floor": 1.5})
+    with pytest.raises(InvalidInput):
+        STRICT.with_overrides({"no_such_setting": 1})
+    with pytest.raises(InvalidInput):
+        STRICT.with_overrides({"mode": "replace"})
+
+
+def test_named_policies() -> None:
+    assert policy_by_name("strict").floor == 0.60 and policy_by_name("strict").contradiction == 0.95
+    assert policy_by_name("review").floor == 0.45 and policy_by_name("review").mode == "review"
+    with pytest.raises(InvalidInput):
+        policy_by_name("lenient")
+    with pytest.raises(InvalidInput):
+        Policy(top_k=0)
