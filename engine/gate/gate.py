@@ -23,6 +23,7 @@ import numpy as np
 from engine.errors import InvalidInput
 from engine.gate import keys as keymod
 from engine.gate import normalize as normmod
+from engine.gate import overlap
 from engine.gate.policy import Evidence, Policy, decide, policy_by_name
 from engine.types import KINDS, Candidate, Decision, Fact, Memory
 
@@ -159,17 +160,21 @@ class Gate:
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
         timings: dict[str, float] = {}
+        checked = [i for i, f in enumerate(facts) if f.kind != "episodic" and f.key is None]
+        norm = {i: normmod.normalize(facts[i].text) for i in checked} if pol.normalize else {}
+        rewritten = [i for i in checked if i in norm and norm[i].rule]
+        # One embedder call: the facts, plus the current-state rewrite of event-phrased facts
+        # (an event is often far from the stored state in embedding space, its rewrite is not).
         t0 = time.perf_counter()
-        vectors = self.embedder.embed([f.text for f in facts])
+        embedded = self.embedder.embed([f.text for f in facts] + [norm[i].hypothesis for i in rewritten])
+        vectors = embedded[: len(facts)]
+        extra = {i: embedded[len(facts) + n] for n, i in enumerate(rewritten)}
         timings["embed"] = time.perf_counter() - t0
 
-        # Free-text semantic/procedural facts are checked against similar memories.
-        checked = [i for i, f in enumerate(facts) if f.kind != "episodic" and f.key is None]
         t0 = time.perf_counter()
-        recalled = self._recall(facts, vectors, checked, pol.top_k)
+        recalled = self._recall(facts, vectors, extra, checked, pol.top_k)
         timings["search"] = time.perf_counter() - t0
 
-        norm = {i: normmod.normalize(facts[i].text) for i in checked} if pol.normalize else {}
         inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts) if f.kind != "episodic"}
 
         # Candidate sets: stored neighbours plus earlier facts of this batch in the namespace.
@@ -178,24 +183,32 @@ class Gate:
             pool = list(recalled.get(i, []))
             for j in range(i):
                 fj = facts[j]
-                if fj.namespace == facts[i].namespace and fj.kind != "episodic":
+                if fj.namespace == facts[i].namespace and fj.kind != "episodic" and fj.key is None:
                     ref = _Ref(f"@{j}", fj.text, fj.key, _key_str(inferred.get(j)))
-                    pool.append((ref, float(vectors[i] @ vectors[j])))
+                    sim = float(vectors[i] @ vectors[j])
+                    if i in extra:
+                        sim = max(sim, float(extra[i] @ vectors[j]))
+                    pool.append((ref, sim))
             pool.sort(key=lambda rs: -rs[1])
             cand[i] = pool[: pol.top_k + i]  # earlier in-batch facts never crowd out stored ones
 
+        low = min(pol.floor, pol.key_match_floor)
         relations: dict[tuple[int, str], Any] = {}
         pairs: list[tuple[str, str]] = []
         pair_at: dict[tuple[int, str, str], int] = {}
         for i in checked:
             hyp = norm[i].hypothesis if i in norm else facts[i].text
             for rank, (ref, sim) in enumerate(cand[i]):
-                if sim < pol.floor:
+                if sim < low:
                     continue
                 rel = keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key) if pol.keys else None
+                if pol.keys and rel is not None and not rel.key_match and not rel.key_conflict:
+                    rel = _old_value_match(norm.get(i), ref.text) or rel
                 relations[(i, ref.memory_id)] = rel
                 if rel is not None and rel.key_conflict:
                     continue  # a sibling is never replaced: no need to ask the model
+                if sim < pol.floor and not (rel is not None and rel.key_match):
+                    continue
                 pair_at[(i, ref.memory_id, "fwd")] = len(pairs)
                 pairs.append((ref.text, hyp))
                 if rank == 0 and sim >= pol.duplicate_similarity and self.nli.entailment_index is not None:
@@ -217,24 +230,36 @@ class Gate:
         return TriageResult(decisions=decisions, timings=timings, nli_pairs=len(pairs))
 
     def _recall(
-        self, facts: Sequence[Fact], vectors: np.ndarray, checked: list[int], k: int
+        self,
+        facts: Sequence[Fact],
+        vectors: np.ndarray,
+        extra: dict[int, np.ndarray],
+        checked: list[int],
+        k: int,
     ) -> dict[int, list[tuple[_Ref, float]]]:
-        by_ns: dict[str, list[int]] = defaultdict(list)
+        """Top-k stored neighbours per fact; a rewritten fact searches with both vectors."""
+        by_ns: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
         for i in checked:
-            by_ns[facts[i].namespace].append(i)
+            by_ns[facts[i].namespace].append((i, vectors[i]))
+            if i in extra:
+                by_ns[facts[i].namespace].append((i, extra[i]))
         out: dict[int, list[tuple[_Ref, float]]] = {}
-        for ns, idx in by_ns.items():
-            scores, rowids = self.index.search(ns, vectors[idx], k)
+        for ns, queries in by_ns.items():
+            scores, rowids = self.index.search(ns, np.stack([q for _, q in queries]), k)
             wanted = {int(r) for r in rowids.ravel() if r >= 0}
             refs = self.store.texts_for_rowids(ns, sorted(wanted)) if wanted else {}
-            for row, i in enumerate(idx):
-                hits = []
+            best: dict[int, dict[int, float]] = defaultdict(dict)
+            for row, (i, _) in enumerate(queries):
                 for s, r in zip(scores[row], rowids[row], strict=True):
-                    ref = refs.get(int(r))
-                    if r < 0 or ref is None or ref.kind == "episodic":
-                        continue
-                    hits.append((_Ref(ref.id, ref.text, ref.key, ref.inferred_key, int(r)), float(s)))
-                out[i] = hits
+                    if r >= 0 and best[i].get(int(r), -2.0) < s:
+                        best[i][int(r)] = float(s)
+            for i, hits in best.items():
+                ranked = sorted(hits.items(), key=lambda rs: -rs[1])[:k]
+                out[i] = [
+                    (_Ref(ref.id, ref.text, ref.key, ref.inferred_key, r), s)
+                    for r, s in ranked
+                    if (ref := refs.get(r)) is not None and ref.kind != "episodic"
+                ]
         return out
 
     def _decide_in_order(
@@ -285,6 +310,8 @@ class Gate:
                             key_match=bool(rel and rel.key_match),
                             key_conflict=bool(rel and rel.key_conflict),
                             conflict_reason=getattr(rel, "reason", "") if rel else "",
+                            contained=overlap.contains(ref.text, fact.text),
+                            partial=overlap.claims(ref.text, fact.text).partial,
                         )
                     )
                 v = decide(evidence, pol)
@@ -445,6 +472,23 @@ class Gate:
         for ns, rowids in removes.items():
             self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
         return out
+
+
+@dataclass(frozen=True)
+class _OldValue:
+    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
+
+    key_match: bool = True
+    key_conflict: bool = False
+    reason: str = "old_value"
+
+
+def _old_value_match(norm: Any, memory: str) -> _OldValue | None:
+    old = getattr(norm, "old_value", None)
+    if not old or len(old) < 2:
+        return None
+    pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
+    return _OldValue() if re.search(pattern, memory, flags=re.IGNORECASE) else None
 
 
 def _key_str(key: Any) -> str | None:

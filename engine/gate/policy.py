@@ -6,13 +6,15 @@ The rule, per incoming free-text fact, over candidates sorted by similarity:
 2. **duplicate first**: the most similar candidate is a duplicate when it is nearly identical
    (``duplicate_similarity``), the model sees no contradiction, and, where the model has an
    entailment label, each side entails the other;
+   or it already contains every content word of the new fact with the same polarity;
 3. a candidate **passes** when its contradiction clears the threshold, it is not a sibling
    (attribute keys in conflict: return vs outbound flight, another person, another environment),
    and its entities and numbers do not show it to be about something else. A candidate whose
    attribute key matches the new fact's needs less evidence (``key_match_contradiction``);
 4. the **single most similar** passing candidate is the target. When a second passing candidate
    is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
-   and goes to review instead of replacing either;
+   and goes to review instead of replacing either. A target that packs several claims of which
+   the new fact leaves some standing is a partial contradiction: review, never replace;
 5. strict replaces the target; review queues it. Everything else is added.
 """
 
@@ -47,8 +49,17 @@ class Policy:
     """At or above this similarity (and with no contradiction) the fact is a duplicate."""
     duplicate_max_contradiction: float = 0.50
     """A near-identical candidate above this contradiction is an update, not a duplicate."""
+    key_match_floor: float = 0.40
+    """A candidate whose attribute key matches the new fact's is considered from this similarity."""
     ambiguity_margin: float = 0.02
     """Two passing candidates closer than this in similarity are equally plausible targets."""
+    key_ambiguity_margin: float = 0.05
+    """The same, for two candidates that both match the new fact's attribute key (two stored
+    values of one attribute: which one changed cannot be told)."""
+    dominance_margin: float = 0.15
+    """A passing candidate this much less similar than the best non-conflicting candidate is
+    not the fact's subject: the fact is about the more similar memory, which it does not
+    contradict, so nothing is replaced."""
     normalize: bool = True
     """Rewrite change/event phrasing into a current-state statement for the NLI check."""
     keys: bool = True
@@ -56,13 +67,14 @@ class Policy:
 
     def __post_init__(self) -> None:
         unit = ("floor", "contradiction", "key_match_contradiction", "duplicate_similarity",
-                "duplicate_max_contradiction")
+                "duplicate_max_contradiction", "key_match_floor")
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 1], got {value!r}")
-        if not 0.0 <= self.ambiguity_margin <= 0.5:
-            raise InvalidInput(f"policy {self.name}: ambiguity_margin must be in [0, 0.5]")
+        for name in ("ambiguity_margin", "key_ambiguity_margin", "dominance_margin"):
+            if not 0.0 <= getattr(self, name) <= 0.5:
+                raise InvalidInput(f"policy {self.name}: {name} must be in [0, 0.5]")
         if not 1 <= self.top_k <= 200:
             raise InvalidInput(f"policy {self.name}: top_k must be in [1, 200], got {self.top_k}")
         if self.mode not in ("replace", "review"):
@@ -109,6 +121,10 @@ class Evidence:
     conflict_reason: str = ""
     mismatch: str = ""
     """Non-empty when entities/numbers show the candidate is about something else."""
+    contained: bool = False
+    """The memory already says everything the new fact says (same polarity)."""
+    partial: bool = False
+    """The memory packs several claims and the new fact leaves some of them standing."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +141,8 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     reasons: dict[str, tuple[bool, str]] = {}
     above = []
     for ev in ranked:
-        if ev.similarity < policy.floor:
+        floor = min(policy.floor, policy.key_match_floor) if ev.key_match else policy.floor
+        if ev.similarity < floor:
             reasons[ev.memory_id] = (False, "below_floor")
         else:
             above.append(ev)
@@ -153,6 +170,10 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if _is_duplicate(top, policy):
         reasons[top.memory_id] = (False, "duplicate")
         return out("skip", top.memory_id, "duplicate")
+    container = next((ev for ev in above if ev.contained and not ev.key_conflict), None)
+    if container is not None:
+        reasons[container.memory_id] = (False, "contains_new_fact")
+        return out("skip", container.memory_id, "contained")
 
     passing: list[Evidence] = []
     for ev in above:
@@ -170,11 +191,24 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if not passing:
         return out("add", None, "no_conflict")
     best = passing[0]
-    rival = next((ev for ev in passing[1:] if best.similarity - ev.similarity < policy.ambiguity_margin), None)
-    if rival is not None and best.key_match == rival.key_match:
-        reasons[rival.memory_id] = (True, "ambiguous")
-        return out("review", best.memory_id, "ambiguous_target")
+    for rival in passing[1:]:
+        gap = best.similarity - rival.similarity
+        margin = policy.key_ambiguity_margin if best.key_match and rival.key_match else policy.ambiguity_margin
+        if gap < margin and best.key_match == rival.key_match:
+            reasons[rival.memory_id] = (True, "ambiguous")
+            return out("review", best.memory_id, "ambiguous_target")
+    closest = next((ev for ev in above if not ev.key_conflict), None)
+    if (
+        closest is not None
+        and closest is not best
+        and not best.key_match
+        and closest.similarity - best.similarity >= policy.dominance_margin
+    ):
+        reasons[best.memory_id] = (False, f"dominated_by:{closest.memory_id}")
+        return out("add", None, "dominated")
     rule = "key_match" if best.key_match else "contradiction"
+    if best.partial:
+        return out("review", best.memory_id, f"partial_contradiction:{rule}")
     if policy.mode == "review":
         return out("review", best.memory_id, rule)
     return out("replace", best.memory_id, rule)
