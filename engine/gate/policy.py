@@ -56,10 +56,15 @@ class Policy:
     key_ambiguity_margin: float = 0.05
     """The same, for two candidates that both match the new fact's attribute key (two stored
     values of one attribute: which one changed cannot be told)."""
-    dominance_margin: float = 0.15
+    dominance_margin: float = 0.12
     """A passing candidate this much less similar than the best non-conflicting candidate is
     not the fact's subject: the fact is about the more similar memory, which it does not
     contradict, so nothing is replaced."""
+    review_scope: Literal["all", "uncertain"] = "all"
+    """Review mode only. ``all``: every conflict is queued. ``uncertain``: a conflict that would
+    pass the strict rules at ``auto_floor`` is replaced, and only the rest is queued."""
+    auto_floor: float = 0.60
+    """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
     normalize: bool = True
     """Rewrite change/event phrasing into a current-state statement for the NLI check."""
     keys: bool = True
@@ -67,7 +72,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         unit = ("floor", "contradiction", "key_match_contradiction", "duplicate_similarity",
-                "duplicate_max_contradiction", "key_match_floor")
+                "duplicate_max_contradiction", "key_match_floor", "auto_floor")
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
@@ -77,6 +82,8 @@ class Policy:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 0.5]")
         if not 1 <= self.top_k <= 200:
             raise InvalidInput(f"policy {self.name}: top_k must be in [1, 200], got {self.top_k}")
+        if self.review_scope not in ("all", "uncertain"):
+            raise InvalidInput(f"policy {self.name}: review_scope must be 'all' or 'uncertain'")
         if self.mode not in ("replace", "review"):
             raise InvalidInput(f"policy {self.name}: mode must be 'replace' or 'review'")
 
@@ -92,7 +99,7 @@ class Policy:
 
 
 STRICT = Policy()
-REVIEW = Policy(name="review", mode="review", floor=0.45)
+REVIEW = Policy(name="review", mode="review", floor=0.45, review_scope="uncertain")
 _POLICIES = {"strict": STRICT, "review": REVIEW}
 
 
@@ -210,6 +217,9 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if best.partial:
         return out("review", best.memory_id, f"partial_contradiction:{rule}")
     if policy.mode == "review":
+        confident = best.key_match or best.similarity >= policy.auto_floor
+        if policy.review_scope == "uncertain" and confident:
+            return out("replace", best.memory_id, f"{rule}+confident")
         return out("review", best.memory_id, rule)
     return out("replace", best.memory_id, rule)
 

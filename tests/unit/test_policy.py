@@ -37,9 +37,43 @@ def test_threshold_is_strictly_greater() -> None:
     assert decide([ev("a", 0.8, 0.9501)], STRICT).action == "replace"
 
 
-def test_review_policy_queues_instead_of_replacing() -> None:
-    v = decide([ev("a", 0.8, 0.99)], REVIEW)
+def test_review_policy_queues_uncertain_conflicts_and_applies_confident_ones() -> None:
+    # between the review floor and the confident floor: queued
+    assert (decide([ev("a", 0.5, 0.99)], REVIEW).action, "a") == ("review", "a")
+    confident = decide([ev("a", 0.8, 0.99)], REVIEW)
+    assert (confident.action, confident.rule) == ("replace", "contradiction+confident")
+
+
+def test_review_scope_all_queues_every_conflict() -> None:
+    v = decide([ev("a", 0.8, 0.99)], REVIEW.with_overrides({"review_scope": "all"}))
     assert (v.action, v.target_id) == ("review", "a")
+
+
+def test_partial_contradiction_of_a_multi_claim_memory_is_reviewed_even_under_strict() -> None:
+    v = decide([ev("a", 0.8, 0.99, partial=True)], STRICT)
+    assert (v.action, v.target_id) == ("review", "a")
+    assert v.rule.startswith("partial_contradiction")
+
+
+def test_contained_fact_is_skipped_against_the_memory_that_contains_it() -> None:
+    v = decide([ev("a", 0.8, 0.99), ev("b", 0.7, 0.3, contained=True)], STRICT)
+    assert (v.action, v.target_id, v.rule) == ("skip", "b", "contained")
+
+
+def test_a_much_less_similar_conflict_is_dominated_by_the_fact_s_real_subject() -> None:
+    v = decide([ev("subject", 0.86, 0.30), ev("other", 0.70, 0.99)], STRICT)
+    assert (v.action, v.rule) == ("add", "dominated")
+
+
+def test_key_match_candidate_is_considered_below_the_floor() -> None:
+    v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
+    assert (v.action, v.target_id) == ("replace", "a")
+    assert decide([ev("a", 0.35, 0.9, key_match=True)], STRICT).action == "add"
+
+
+def test_two_stored_values_of_one_attribute_are_ambiguous() -> None:
+    v = decide([ev("a", 0.93, 0.8, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT)
+    assert (v.action, v.rule) == ("review", "ambiguous_target")
 
 
 def test_sibling_with_key_conflict_is_never_replaced() -> None:
@@ -86,6 +120,8 @@ def test_overrides_are_validated() -> None:
         STRICT.with_overrides({"no_such_setting": 1})
     with pytest.raises(InvalidInput):
         STRICT.with_overrides({"mode": "replace"})
+    with pytest.raises(InvalidInput):
+        REVIEW.with_overrides({"review_scope": "some"})
 
 
 def test_named_policies() -> None:
