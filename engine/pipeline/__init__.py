@@ -1,0 +1,21 @@
+"""The model pipeline: one command turns model sources into verified ONNX artefacts.
+
+::
+
+    source (hub id | local dir | offline package | random init)
+      -> export (optimum, PyTorch -> ONNX)  -> validate against PyTorch within atol
+      -> optimise (BERT-type graphs only)   -> validate
+      -> quantise (dynamic int8, per ISA)   -> validate, record drift against fp32
+      -> fp16 (for GPUs)                    -> validate loosely where the CPU can run it
+      -> manifest.json (hashes, labels, max length, parity, settings, versions)
+
+Modules: ``sources`` (where weights come from), ``checks`` (the fixed check set and the parity
+figures), ``graph`` (ONNX-level rewrites: optimise, quantise, fp16), ``layout`` (where artefacts
+live, atomic publishing), ``build`` (the public entry points) and ``cli`` (``memgate models``).
+
+torch, transformers and optimum are the ``export`` extra: they are imported inside the functions
+that need them, so importing this package (or the runtime, which reads ``cli.artefact_dir``)
+never pulls them in.
+"""
+
+__all__: list[str] = []
