@@ -1,0 +1,137 @@
+"""The runtimes on the real artefacts: bucketing, order, truncation, odd input, tampering."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import InvalidInput, ManifestMismatch, ModelError
+from engine.runtime.base import BatchSettings
+from engine.runtime.embedder import Embedder
+from engine.runtime.loader import ModelChoice, load_models, resolve_nli
+from engine.runtime.manifest import load_manifest
+from engine.runtime.nli import NLIScorer
+from engine.runtime.session import SessionSettings
+
+pytestmark = pytest.mark.model
+
+TEXTS = [
+    "The customer's office is in Denver.",
+    "ok",
+    "Maya moved to Austin last month after fifteen years in Colorado, and her sister followed.",
+    "Zoë’s café in Zürich serves crème brûlée — 12 € — and 東京 ramen.",
+    "Staging runs PostgreSQL 14.",
+]
+
+
+def test_embeddings_are_unit_length_and_independent_of_bucketing(models: tuple[Embedder, NLIScorer]) -> None:
+    embedder, _ = models
+    batched = embedder.embed(TEXTS)
+    one_by_one = np.stack([embedder.embed([t])[0] for t in TEXTS])
+    assert batched.shape == (len(TEXTS), 384) and batched.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+    # fp32: padding per bucket and the sort must not change any vector, and order is restored
+    np.testing.assert_allclose(batched, one_by_one, atol=1e-5)
+
+
+def test_buckets_are_length_sorted_and_within_the_token_budget(cache_dir: Path) -> None:
+    manifest = load_manifest(cache_dir / "models" / "minilm" / "fp32")
+    emb = Embedder(manifest, batching=BatchSettings(max_batch=2, max_batch_tokens=64))
+    prepared = emb.preprocess(TEXTS * 3)
+    widths = [b.feeds["input_ids"].shape[1] for b in prepared.buckets]
+    assert widths == sorted(widths)
+    assert all(b.feeds["input_ids"].size <= 64 or len(b.index) == 1 for b in prepared.buckets)
+    assert sorted(np.concatenate([b.index for b in prepared.buckets]).tolist()) == list(range(15))
+    assert prepared.stats.padded_tokens >= prepared.stats.real_tokens
+
+
+def test_truncation_is_counted(models: tuple[Embedder, NLIScorer]) -> None:
+    embedder, nli = models
+    long = "word " * 2000
+    before = embedder.totals.truncated
+    vec = embedder.embed([long, "short"])
+    assert embedder.totals.truncated == before + 1
+    assert np.isfinite(vec).all()
+    nbefore = nli.totals.truncated
+    probs = nli.score([(long, "short"), ("short", "short")])
+    assert nli.totals.truncated == nbefore + 1
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_empty_batches_and_bad_items(models: tuple[Embedder, NLIScorer]) -> None:
+    embedder, nli = models
+    assert embedder.embed([]).shape == (0, 384)
+    assert nli.score([]).shape == (0, len(nli.labels))
+    assert np.isfinite(embedder.embed([""])).all()  # an empty string is [CLS][SEP], not a crash
+    with pytest.raises(InvalidInput):
+        embedder.embed([None])  # type: ignore[list-item]
+    with pytest.raises(InvalidInput):
+        nli.score([("only one",)])  # type: ignore[list-item]
+
+
+def test_offline_contradiction_model_on_the_seed_examples(cache_dir: Path) -> None:
+    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
+    nli = NLIScorer(manifest)
+    denver = "The customer's office is in Denver."
+    # scored one pair per call: dynamic int8 quantises activations per batch (see README)
+    chicago = nli.contradiction([(denver, "The customer's office is in Chicago.")])[0]
+    cello = nli.contradiction([(denver, "The customer is learning to play the cello.")])[0]
+    assert chicago > 0.95
+    assert cello < 0.5
+
+
+def test_random_weights_are_never_served_by_default(cache_dir: Path) -> None:
+    with pytest.raises(ModelError):
+        resolve_nli(cache_dir, ModelChoice(nli="nli-deberta-v3-small"), "cpu")
+    m = resolve_nli(cache_dir, ModelChoice(nli="nli-deberta-v3-small", allow_random_weights=True), "cpu")
+    assert m.weights == "random" and m.labels == ("contradiction", "entailment", "neutral")
+
+
+def test_three_label_model_scores_pairs(cache_dir: Path) -> None:
+    choice = ModelChoice(nli="nli-deberta-v3-small", nli_variant="fp32", allow_random_weights=True)
+    nli = NLIScorer(resolve_nli(cache_dir, choice, "cpu"))
+    pairs = [("a b c", "d e f"), ("The office is in Denver.", "It is in Chicago."), ("x", "y")]
+    batched = nli.score(pairs)
+    single = np.stack([nli.score([p])[0] for p in pairs])
+    assert batched.shape == (3, 3)
+    np.testing.assert_allclose(batched, single, atol=1e-4)  # fp32: batch-invariant
+    assert nli.entailment_index == 1 and nli.contradiction_index == 0
+
+
+def copy_artefact(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_tampered_model_file_is_refused(cache_dir: Path, tmp_path: Path) -> None:
+    art = copy_artefact(cache_dir / "models" / "minilm" / "int8", tmp_path / "int8")
+    with (art / "model.onnx").open("r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ManifestMismatch):
+        Embedder(load_manifest(art))
+
+
+def test_manifest_with_wrong_labels_is_refused(cache_dir: Path, tmp_path: Path) -> None:
+    import json
+
+    art = copy_artefact(cache_dir / "models" / "aegis-nli" / "imported", tmp_path / "aegis")
+    raw = json.loads((art / "manifest.json").read_text())
+    raw["labels"] = ["contradiction", "entailment", "neutral"]
+    (art / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(ManifestMismatch):
+        NLIScorer(load_manifest(art))
+
+
+def test_cuda_is_refused_clearly_without_a_gpu(cache_dir: Path) -> None:
+    from engine.runtime.session import cuda_available
+
+    if cuda_available():
+        pytest.skip("a CUDA provider is present; the GPU check runs instead")
+    with pytest.raises(ModelError, match="gpu extra"):
+        load_models(cache_dir, session=SessionSettings(device="cuda"))
