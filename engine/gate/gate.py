@@ -162,13 +162,22 @@ class Gate:
         timings: dict[str, float] = {}
         checked = [i for i, f in enumerate(facts) if f.kind != "episodic" and f.key is None]
         norm = {i: normmod.normalize(facts[i].text) for i in checked} if pol.normalize else {}
-        rewritten = [i for i in checked if i in norm and norm[i].rule]
-        # One embedder call: the facts, plus the current-state rewrite of event-phrased facts
-        # (an event is often far from the stored state in embedding space, its rewrite is not).
+        # Extra recall queries: the current-state rewrite of an event-phrased fact, and the old
+        # state a "no longer" fact negates (an event is often far from the stored state in
+        # embedding space; its rewrite and its old state are not).
+        queries: list[tuple[int, str]] = []
+        for i in checked:
+            if i in norm and norm[i].rule:
+                queries.append((i, norm[i].hypothesis))
+                old_state = _old_state(norm[i])
+                if old_state:
+                    queries.append((i, old_state))
         t0 = time.perf_counter()
-        embedded = self.embedder.embed([f.text for f in facts] + [norm[i].hypothesis for i in rewritten])
+        embedded = self.embedder.embed([f.text for f in facts] + [q for _, q in queries])
         vectors = embedded[: len(facts)]
-        extra = {i: embedded[len(facts) + n] for n, i in enumerate(rewritten)}
+        extra: dict[int, list[np.ndarray]] = defaultdict(list)
+        for n, (i, _) in enumerate(queries):
+            extra[i].append(embedded[len(facts) + n])
         timings["embed"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -185,9 +194,7 @@ class Gate:
                 fj = facts[j]
                 if fj.namespace == facts[i].namespace and fj.kind != "episodic" and fj.key is None:
                     ref = _Ref(f"@{j}", fj.text, fj.key, _key_str(inferred.get(j)))
-                    sim = float(vectors[i] @ vectors[j])
-                    if i in extra:
-                        sim = max(sim, float(extra[i] @ vectors[j]))
+                    sim = max(float(q @ vectors[j]) for q in [vectors[i], *extra.get(i, [])])
                     pool.append((ref, sim))
             pool.sort(key=lambda rs: -rs[1])
             cand[i] = pool[: pol.top_k + i]  # earlier in-batch facts never crowd out stored ones
@@ -204,6 +211,13 @@ class Gate:
                 rel = keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key) if pol.keys else None
                 if pol.keys and rel is not None and not rel.key_match and not rel.key_conflict:
                     rel = _old_value_match(norm.get(i), ref.text) or rel
+                    if (
+                        not rel.key_match
+                        and sim >= pol.value_change_similarity
+                        and pol.lexical
+                        and overlap.value_change(ref.text, facts[i].text)
+                    ):
+                        rel = _OldValue(reason="value_change")
                 relations[(i, ref.memory_id)] = rel
                 if rel is not None and rel.key_conflict:
                     continue  # a sibling is never replaced: no need to ask the model
@@ -233,7 +247,7 @@ class Gate:
         self,
         facts: Sequence[Fact],
         vectors: np.ndarray,
-        extra: dict[int, np.ndarray],
+        extra: dict[int, list[np.ndarray]],
         checked: list[int],
         k: int,
     ) -> dict[int, list[tuple[_Ref, float]]]:
@@ -241,8 +255,8 @@ class Gate:
         by_ns: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
         for i in checked:
             by_ns[facts[i].namespace].append((i, vectors[i]))
-            if i in extra:
-                by_ns[facts[i].namespace].append((i, extra[i]))
+            for q in extra.get(i, []):
+                by_ns[facts[i].namespace].append((i, q))
         out: dict[int, list[tuple[_Ref, float]]] = {}
         for ns, queries in by_ns.items():
             scores, rowids = self.index.search(ns, np.stack([q for _, q in queries]), k)
@@ -310,8 +324,8 @@ class Gate:
                             key_match=bool(rel and rel.key_match),
                             key_conflict=bool(rel and rel.key_conflict),
                             conflict_reason=getattr(rel, "reason", "") if rel else "",
-                            contained=overlap.contains(ref.text, fact.text),
-                            partial=overlap.claims(ref.text, fact.text).partial,
+                            contained=pol.lexical and overlap.contains(ref.text, fact.text),
+                            partial=pol.lexical and overlap.claims(ref.text, fact.text).partial,
                         )
                     )
                 v = decide(evidence, pol)
@@ -481,6 +495,18 @@ class _OldValue:
     key_match: bool = True
     key_conflict: bool = False
     reason: str = "old_value"
+
+
+_NEGATION = re.compile(r"\b(?:no longer|not|never|anymore|any more)\b\s*|n't\b", re.IGNORECASE)
+
+
+def _old_state(norm: Any) -> str | None:
+    """The state a change fact says is over ("Ines no longer teaches" -> "Ines teaches")."""
+    if not (norm.is_change and norm.negated and norm.old_value):
+        return None
+    clause = re.split(r"[;:]|, (?:and|but|so) ", norm.hypothesis)[0]
+    stripped = " ".join(_NEGATION.sub("", clause).split())
+    return stripped if stripped and stripped != clause else None
 
 
 def _old_value_match(norm: Any, memory: str) -> _OldValue | None:

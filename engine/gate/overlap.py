@@ -19,7 +19,16 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["Claims", "claims", "content_tokens", "contains", "coverage", "negated"]
+__all__ = [
+    "Claims",
+    "claims",
+    "content_tokens",
+    "contains",
+    "coverage",
+    "negated",
+    "numbers",
+    "value_change",
+]
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?|\d+(?:[.,:]\d+)*")
 _STOP = frozenset(
@@ -157,9 +166,24 @@ def claims(memory: str, fact: str) -> Claims:
         if not ((len(tokens) >= 2 and lower) or numbers):
             continue
         total += 1
-        shared = any(_covered(t, fact_tokens) for t in tokens if t not in subject and t not in _UNITS)
+        rest = [t for t in tokens if t not in subject and t not in _UNITS]
+        shared = any(_covered(t, fact_tokens) for t in rest)
         if not lower and numbers and all(_shape(t) in fact_shapes for t in numbers):
             shared = True
+        # "Billing address: 71 Kowhai Crescent": the subject and a value. A fact that restates
+        # the subject gives that value anew; it does not leave a claim standing.
+        if not shared and len(rest) < len(tokens) and rest and not any(t in lower for t in rest):
+            shared = any(_covered(t, fact_tokens) for t in tokens if t in subject)
         if not shared:
             untouched += 1
     return Claims(claims=total, untouched=untouched)
+
+
+def numbers(text: str) -> frozenset[str]:
+    return frozenset(t for t in content_tokens(text) if any(ch.isdigit() for ch in t))
+
+
+def value_change(memory: str, fact: str) -> bool:
+    """Both state numbers, and the fact's are not the memory's: a new value, not a refinement."""
+    old, new = numbers(memory), numbers(fact)
+    return bool(old and new) and not new <= old and not old <= new

@@ -49,6 +49,9 @@ class Policy:
     """At or above this similarity (and with no contradiction) the fact is a duplicate."""
     duplicate_max_contradiction: float = 0.50
     """A near-identical candidate above this contradiction is an update, not a duplicate."""
+    value_change_similarity: float = 0.85
+    """At or above this similarity, a candidate whose numbers the fact changes (£34 -> £39 a
+    month) counts as the same attribute, like a matching key."""
     key_match_floor: float = 0.40
     """A candidate whose attribute key matches the new fact's is considered from this similarity."""
     ambiguity_margin: float = 0.02
@@ -67,12 +70,15 @@ class Policy:
     """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
     normalize: bool = True
     """Rewrite change/event phrasing into a current-state statement for the NLI check."""
+    lexical: bool = True
+    """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
     keys: bool = True
     """Infer attribute keys and use them to protect siblings and to recognise updates."""
 
     def __post_init__(self) -> None:
         unit = ("floor", "contradiction", "key_match_contradiction", "duplicate_similarity",
-                "duplicate_max_contradiction", "key_match_floor", "auto_floor")
+                "duplicate_max_contradiction", "key_match_floor", "auto_floor",
+                "value_change_similarity")
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
