@@ -135,3 +135,20 @@ def test_cuda_is_refused_clearly_without_a_gpu(cache_dir: Path) -> None:
         pytest.skip("a CUDA provider is present; the GPU check runs instead")
     with pytest.raises(ModelError, match="gpu extra"):
         load_models(cache_dir, session=SessionSettings(device="cuda"))
+
+
+def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> None:
+    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
+    pair = ("The customer's office is in Denver.", "The customer is learning to play the cello.")
+    mates = [
+        ("Maya lives in Denver, Colorado.", "Maya moved to Austin last month."),
+        ("Maya lives in Denver, Colorado.", "Maya lives in Austin."),
+        ("The customer's office is in Denver.", "The customer's office is in Chicago."),
+    ]
+    nli = NLIScorer(manifest)  # row_invariant="auto": on, the manifest records quantisation
+    assert nli.row_invariant
+    alone = nli.contradiction([pair])[0]
+    np.testing.assert_allclose(nli.contradiction([pair, *mates])[0], alone, atol=1e-6)
+    # what "auto" protects against: batched, the pair's score moves with its batch-mates
+    coupled = NLIScorer(manifest, batching=BatchSettings(row_invariant="off"))
+    assert abs(coupled.contradiction([pair, *mates])[0] - alone) > 0.05
