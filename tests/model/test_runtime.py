@@ -151,4 +151,7 @@ def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> N
     np.testing.assert_allclose(nli.contradiction([pair, *mates])[0], alone, atol=1e-6)
     # what "auto" protects against: batched, the pair's score moves with its batch-mates
     coupled = NLIScorer(manifest, batching=BatchSettings(row_invariant="off"))
-    assert abs(coupled.contradiction([pair, *mates])[0] - alone) > 0.05
+    batch = [pair, *mates]
+    together = coupled.contradiction(batch)
+    apart = np.array([coupled.contradiction([p])[0] for p in batch])
+    assert np.abs(together - apart).max() > 0.05
