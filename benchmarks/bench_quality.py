@@ -30,8 +30,13 @@ SHARED_EVAL = ROOT.parent / "shared" / "eval"
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar
 # passing candidate, nothing else.
 SEED = {
-    "normalize": False, "keys": False, "lexical": False, "duplicate_similarity": 1.0,
-    "dominance_margin": 0.5, "ambiguity_margin": 0.0, "key_ambiguity_margin": 0.0,
+    "normalize": False,
+    "keys": False,
+    "lexical": False,
+    "duplicate_similarity": 1.0,
+    "dominance_margin": 0.5,
+    "ambiguity_margin": 0.0,
+    "key_ambiguity_margin": 0.0,
 }
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "strict": ("strict", {}),
@@ -70,11 +75,15 @@ def category_recall(cases: list[dict[str, Any]], preds: list[dict[str, Any]]) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_common_args(parser)
     parser.add_argument("--cases", type=Path, default=SHARED_EVAL / "dev.jsonl")
     parser.add_argument("--scorer", type=Path, default=SHARED_EVAL / "score.py")
-    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), help="subset of configurations")
+    parser.add_argument(
+        "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
+    )
     parser.add_argument("--nli", nargs="*", default=["auto"], help="NLI artefacts to compare")
     args = parser.parse_args()
 
@@ -90,13 +99,17 @@ def main() -> int:
     cases = load_cases(args.cases)
     labelled = all("expected" in c for c in cases)
     if not labelled:
-        raise SystemExit("bench_quality needs labelled cases (use `memgate eval` for unlabelled ones)")
+        raise SystemExit(
+            "bench_quality needs labelled cases (use `memgate eval` for unlabelled ones)"
+        )
     payload = run_header("quality", args)
     results: list[dict[str, Any]] = []
     rows = []
     for nli_name in args.nli:
         embedder, nli = load_models(
-            args.cache_dir, ModelChoice(nli=nli_name), SessionSettings(intra_op_threads=args.threads)
+            args.cache_dir,
+            ModelChoice(nli=nli_name),
+            SessionSettings(intra_op_threads=args.threads),
         )
         model = nli.manifest.describe()
         print(f"NLI: {model}", flush=True)
@@ -113,18 +126,52 @@ def main() -> int:
             m = scorer.score(cases, preds)
             rec = category_recall(cases, preds)
             wo = m["wrongful_overwrite_breakdown"]
-            results.append({"config": name, "nli": model, "policy": policy_name, "overrides": overrides,
-                            "metrics": m, "replace_recall_by_category": rec, "seconds": seconds})
-            rows.append([name, nli.manifest.name, m["wrongful_overwrites"], wo["on_trap_cases"],
-                         m["update_recall"], rec.get("event_update", float("nan")),
-                         rec.get("state_update", float("nan")), m["duplicate_precision"],
-                         m["review_rate"], m["accuracy"]])
-            print(f"  {name}: overwrites {m['wrongful_overwrites']}, recall {m['update_recall']:.3f} "
-                  f"({seconds:.1f}s)", flush=True)
-    headers = ["config", "nli", "overwrites", "on traps", "update rec", "event_upd rec",
-               "state_upd rec", "dup prec", "review rate", "accuracy"]
+            results.append(
+                {
+                    "config": name,
+                    "nli": model,
+                    "policy": policy_name,
+                    "overrides": overrides,
+                    "metrics": m,
+                    "replace_recall_by_category": rec,
+                    "seconds": seconds,
+                }
+            )
+            rows.append(
+                [
+                    name,
+                    nli.manifest.name,
+                    m["wrongful_overwrites"],
+                    wo["on_trap_cases"],
+                    m["update_recall"],
+                    rec.get("event_update", float("nan")),
+                    rec.get("state_update", float("nan")),
+                    m["duplicate_precision"],
+                    m["review_rate"],
+                    m["accuracy"],
+                ]
+            )
+            print(
+                f"  {name}: overwrites {m['wrongful_overwrites']}, recall {m['update_recall']:.3f} "
+                f"({seconds:.1f}s)",
+                flush=True,
+            )
+    headers = [
+        "config",
+        "nli",
+        "overwrites",
+        "on traps",
+        "update rec",
+        "event_upd rec",
+        "state_upd rec",
+        "dup prec",
+        "review rate",
+        "accuracy",
+    ]
     print()
-    cells = [[r[0], r[1], *[x if isinstance(x, int) else f"{float(x):.3f}" for x in r[2:]]] for r in rows]
+    cells = [
+        [r[0], r[1], *[x if isinstance(x, int) else f"{float(x):.3f}" for x in r[2:]]] for r in rows
+    ]
     print(table(headers, cells, title=f"gate quality on {args.cases.name} ({len(cases)} cases)"))
     payload["cases"] = str(args.cases)
     payload["results"] = results
@@ -138,7 +185,9 @@ def main() -> int:
         ax[0].set_title("wrongful overwrites (lower is better)")
         ax[0].invert_yaxis()
         ax[1].barh(labels, [r[4] for r in rows], color="#2980b9", label="update recall")
-        ax[1].barh(labels, [r[5] for r in rows], color="#8e44ad", alpha=0.5, label="event_update recall")
+        ax[1].barh(
+            labels, [r[5] for r in rows], color="#8e44ad", alpha=0.5, label="event_update recall"
+        )
         ax[1].set_xlim(0, 1)
         ax[1].set_title("update recall (higher is better)")
         ax[1].invert_yaxis()

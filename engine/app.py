@@ -48,7 +48,9 @@ class Engine:
 
 
 def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Engine:
-    embedder, nli = load_models(settings.cache_dir, settings.models, settings.session, settings.batching)
+    embedder, nli = load_models(
+        settings.cache_dir, settings.models, settings.session, settings.batching
+    )
     embedder.warmup()
     nli.warmup()
     path = db_path or Path(settings.data_dir) / "memgate.db"

@@ -43,12 +43,18 @@ def predict(
             facts.append(Fact(namespace=ns, text=mem["text"]))
             owners.append(mem["id"])
     stored = gate.ingest(facts)
-    to_case: dict[str, str] = {d.memory_id: owner for d, owner in zip(stored, owners, strict=True) if d.memory_id}
+    to_case: dict[str, str] = {
+        d.memory_id: owner for d, owner in zip(stored, owners, strict=True) if d.memory_id
+    }
     incoming = [Fact(namespace=f"{prefix}-{n}", text=c["incoming"]) for n, c in enumerate(cases)]
     result = gate.triage(incoming, policy, apply=False)
     out = []
     for case, d in zip(cases, result.decisions, strict=True):
         target = to_case.get(d.target_id) if d.target_id else None
-        pred = {"id": case["id"], "action": d.action, "target": target if d.action != "add" else None}
+        pred = {
+            "id": case["id"],
+            "action": d.action,
+            "target": target if d.action != "add" else None,
+        }
         out.append((pred, d))
     return out

@@ -95,7 +95,7 @@ class Decision:
     candidates: tuple[Candidate, ...]
     policy: str
     rule: str
-    """Which path decided: ``episodic``, ``keyed``, ``duplicate``, ``contradiction``, ``no_conflict``..."""
+    """Which path decided: ``episodic``, ``keyed``, ``duplicate``, ``contradiction``..."""
     hypothesis: str | None = None
     """The normalised text used as NLI hypothesis, when normalisation rewrote the fact."""
     inferred_key: str | None = None

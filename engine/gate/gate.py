@@ -91,7 +91,9 @@ def validate_fact(fact: Fact, settings: GateSettings) -> None:
     if not isinstance(fact.text, str) or not fact.text.strip():
         raise InvalidInput("fact text is empty")
     if len(fact.text) > settings.max_text_chars:
-        raise InvalidInput(f"fact text has {len(fact.text)} characters; the limit is {settings.max_text_chars}")
+        raise InvalidInput(
+            f"fact text has {len(fact.text)} characters; the limit is {settings.max_text_chars}"
+        )
     if "\x00" in fact.text:
         raise InvalidInput("fact text contains a NUL character")
     if fact.kind not in KINDS:
@@ -148,7 +150,9 @@ class Gate:
         pol = policy_by_name(policy) if isinstance(policy, str) else policy
         pol = pol.with_overrides(overrides)
         if len(facts) > self.settings.max_batch:
-            raise InvalidInput(f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}")
+            raise InvalidInput(
+                f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}"
+            )
         for fact in facts:
             validate_fact(fact, self.settings)
         if not facts:
@@ -184,7 +188,9 @@ class Gate:
         recalled = self._recall(facts, vectors, extra, checked, pol.top_k)
         timings["search"] = time.perf_counter() - t0
 
-        inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts) if f.kind != "episodic"}
+        inferred = {
+            i: keymod.infer_key(f.text) for i, f in enumerate(facts) if f.kind != "episodic"
+        }
 
         # Candidate sets: stored neighbours plus earlier facts of this batch in the namespace.
         cand: dict[int, list[tuple[_Ref, float]]] = {}
@@ -208,7 +214,11 @@ class Gate:
             for rank, (ref, sim) in enumerate(cand[i]):
                 if sim < low:
                     continue
-                rel = keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key) if pol.keys else None
+                rel = (
+                    keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key)
+                    if pol.keys
+                    else None
+                )
                 if pol.keys and rel is not None and not rel.key_match and not rel.key_conflict:
                     rel = _old_value_match(norm.get(i), ref.text) or rel
                     if (
@@ -217,7 +227,9 @@ class Gate:
                         and pol.lexical
                         and overlap.value_change(ref.text, facts[i].text)
                     ):
-                        rel = _OldValue(reason="value_change")
+                        rel = keymod.Relation(
+                            key_match=True, key_conflict=False, reason="value_change"
+                        )
                 relations[(i, ref.memory_id)] = rel
                 if rel is not None and rel.key_conflict:
                     continue  # a sibling is never replaced: no need to ask the model
@@ -225,7 +237,11 @@ class Gate:
                     continue
                 pair_at[(i, ref.memory_id, "fwd")] = len(pairs)
                 pairs.append((ref.text, hyp))
-                if rank == 0 and sim >= pol.duplicate_similarity and self.nli.entailment_index is not None:
+                if (
+                    rank == 0
+                    and sim >= pol.duplicate_similarity
+                    and self.nli.entailment_index is not None
+                ):
                     pair_at[(i, ref.memory_id, "rev")] = len(pairs)
                     pairs.append((facts[i].text, ref.text))
 
@@ -234,7 +250,9 @@ class Gate:
         timings["nli"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        decisions = self._decide_in_order(facts, pol, cand, relations, probs, pair_at, norm, inferred)
+        decisions = self._decide_in_order(
+            facts, pol, cand, relations, probs, pair_at, norm, inferred
+        )
         timings["decide"] = time.perf_counter() - t0
 
         if apply:
@@ -319,7 +337,9 @@ class Gate:
                             similarity=sim,
                             contradiction=None if fwd is None else float(probs[fwd, ci]),
                             entailment=None if fwd is None or ei is None else float(probs[fwd, ei]),
-                            reverse_entailment=None if rev is None or ei is None else float(probs[rev, ei]),
+                            reverse_entailment=None
+                            if rev is None or ei is None
+                            else float(probs[rev, ei]),
                             key=ref.key or ref.inferred_key,
                             key_match=bool(rel and rel.key_match),
                             key_conflict=bool(rel and rel.key_conflict),
@@ -333,8 +353,14 @@ class Gate:
                 if hyp and v.action in ("replace", "review"):
                     rule = f"{rule}+normalized:{norm[i].rule}"
                 d = Decision(
-                    v.action, fact, v.target_id, v.candidates, pol.name, rule,
-                    hypothesis=hyp, inferred_key=ikey,
+                    v.action,
+                    fact,
+                    v.target_id,
+                    v.candidates,
+                    pol.name,
+                    rule,
+                    hypothesis=hyp,
+                    inferred_key=ikey,
                     memory_id=new_id if v.action in ("add", "replace") else None,
                 )
             if d.action in ("add", "replace") and d.memory_id:
@@ -361,14 +387,27 @@ class Gate:
             if mem is not None and mem.id not in gone:
                 current = (mem.id, mem.text)
         if current is None:
-            d = Decision("add", fact, None, (), pol.name, "keyed_new", inferred_key=ikey, memory_id=new_id)
+            d = Decision(
+                "add", fact, None, (), pol.name, "keyed_new", inferred_key=ikey, memory_id=new_id
+            )
             keyed[slot] = (new_id, fact.text)
             return d
         cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, "same_key"),)
         if _same_text(current[1], fact.text):
-            return Decision("skip", fact, current[0], cand, pol.name, "keyed_same", inferred_key=ikey)
+            return Decision(
+                "skip", fact, current[0], cand, pol.name, "keyed_same", inferred_key=ikey
+            )
         keyed[slot] = (new_id, fact.text)
-        return Decision("replace", fact, current[0], cand, pol.name, "keyed", inferred_key=ikey, memory_id=new_id)
+        return Decision(
+            "replace",
+            fact,
+            current[0],
+            cand,
+            pol.name,
+            "keyed",
+            inferred_key=ikey,
+            memory_id=new_id,
+        )
 
     # -- reads and corrections -------------------------------------------------------------
     def get(self, namespace: str, memory_id: str) -> Memory | None:
@@ -386,7 +425,9 @@ class Gate:
         vec = self.embedder.embed([query])
         scores, rowids = self.index.search(namespace, vec, k)
         refs = self.store.texts_for_rowids(namespace, [int(r) for r in rowids[0] if r >= 0])
-        mems = self.store.get_many(namespace, [refs[int(r)].id for r in rowids[0] if int(r) in refs])
+        mems = self.store.get_many(
+            namespace, [refs[int(r)].id for r in rowids[0] if int(r) in refs]
+        )
         by_id = {m.id: m for m in mems}
         hits = []
         for s, r in zip(scores[0], rowids[0], strict=True):
@@ -408,8 +449,11 @@ class Gate:
             res = self.store.undo(namespace, memory_id)
             self.index.remove(namespace, np.asarray([res.undone_rowid], dtype=np.int64))
             if res.restored_embedding is not None:
-                self.index.add(namespace, np.asarray([res.restored_rowid], dtype=np.int64),
-                               res.restored_embedding[None, :])
+                self.index.add(
+                    namespace,
+                    np.asarray([res.restored_rowid], dtype=np.int64),
+                    res.restored_embedding[None, :],
+                )
         return res.restored, res.undone
 
     def list_review(self, namespace: str, limit: int = 100) -> list[Any]:
@@ -422,7 +466,9 @@ class Gate:
         with self.namespaces_locked({namespace}):
             res = self.store.resolve_review(namespace, review_id, resolution)
             if res.rowid is not None and res.embedding is not None:
-                self.index.add(namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :])
+                self.index.add(
+                    namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :]
+                )
             if res.superseded_rowid is not None:
                 self.index.remove(namespace, np.asarray([res.superseded_rowid], dtype=np.int64))
         return res
@@ -437,8 +483,16 @@ class Gate:
         decisions = _ingest_decisions(facts, "ingest")
         inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts)}
         decisions = [
-            Decision(d.action, d.fact, None, (), d.policy, d.rule,
-                     inferred_key=_key_str(inferred[i]), memory_id=d.memory_id)
+            Decision(
+                d.action,
+                d.fact,
+                None,
+                (),
+                d.policy,
+                d.rule,
+                inferred_key=_key_str(inferred[i]),
+                memory_id=d.memory_id,
+            )
             for i, d in enumerate(decisions)
         ]
         with self.namespaces_locked({f.namespace for f in facts}):
@@ -472,8 +526,16 @@ class Gate:
         for i, (d, r) in enumerate(zip(decisions, results, strict=True)):
             ns = d.fact.namespace
             if r.replayed:
-                out.append(dc_replace(d, action=r.action, target_id=r.target_id, memory_id=r.memory_id,
-                                      review_id=r.review_id, replayed=True))
+                out.append(
+                    dc_replace(
+                        d,
+                        action=r.action,
+                        target_id=r.target_id,
+                        memory_id=r.memory_id,
+                        review_id=r.review_id,
+                        replayed=True,
+                    )
+                )
                 continue
             if r.rowid is not None:
                 adds[ns][0].append(r.rowid)
@@ -488,15 +550,6 @@ class Gate:
         return out
 
 
-@dataclass(frozen=True)
-class _OldValue:
-    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
-
-    key_match: bool = True
-    key_conflict: bool = False
-    reason: str = "old_value"
-
-
 _NEGATION = re.compile(r"\b(?:no longer|not|never|anymore|any more)\b\s*|n't\b", re.IGNORECASE)
 
 
@@ -509,12 +562,16 @@ def _old_state(norm: Any) -> str | None:
     return stripped if stripped and stripped != clause else None
 
 
-def _old_value_match(norm: Any, memory: str) -> _OldValue | None:
+def _old_value_match(norm: Any, memory: str) -> keymod.Relation | None:
+    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
     old = getattr(norm, "old_value", None)
     if not old or len(old) < 2:
         return None
     pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
-    return _OldValue() if re.search(pattern, memory, flags=re.IGNORECASE) else None
+    found = re.search(pattern, memory, flags=re.IGNORECASE)
+    return (
+        keymod.Relation(key_match=True, key_conflict=False, reason="old_value") if found else None
+    )
 
 
 def _key_str(key: Any) -> str | None:
@@ -524,4 +581,6 @@ def _key_str(key: Any) -> str | None:
 def _ingest_decisions(facts: Sequence[Fact], policy: str) -> list[Decision]:
     from engine.store import new_memory_id
 
-    return [Decision("add", f, None, (), policy, "ingest", memory_id=new_memory_id()) for f in facts]
+    return [
+        Decision("add", f, None, (), policy, "ingest", memory_id=new_memory_id()) for f in facts
+    ]

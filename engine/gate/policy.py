@@ -36,7 +36,7 @@ class Policy:
 
     name: str = "strict"
     mode: Literal["replace", "review"] = "replace"
-    """``replace``: conflicts are replaced automatically; ``review``: they go to the review queue."""
+    """``replace``: conflicts are replaced automatically; ``review``: they go to the queue."""
     floor: float = 0.60
     """Candidates below this cosine similarity are never considered."""
     contradiction: float = 0.95
@@ -76,9 +76,16 @@ class Policy:
     """Infer attribute keys and use them to protect siblings and to recognise updates."""
 
     def __post_init__(self) -> None:
-        unit = ("floor", "contradiction", "key_match_contradiction", "duplicate_similarity",
-                "duplicate_max_contradiction", "key_match_floor", "auto_floor",
-                "value_change_similarity")
+        unit = (
+            "floor",
+            "contradiction",
+            "key_match_contradiction",
+            "duplicate_similarity",
+            "duplicate_max_contradiction",
+            "key_match_floor",
+            "auto_floor",
+            "value_change_similarity",
+        )
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
@@ -206,7 +213,11 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     best = passing[0]
     for rival in passing[1:]:
         gap = best.similarity - rival.similarity
-        margin = policy.key_ambiguity_margin if best.key_match and rival.key_match else policy.ambiguity_margin
+        margin = (
+            policy.key_ambiguity_margin
+            if best.key_match and rival.key_match
+            else policy.ambiguity_margin
+        )
         if gap < margin and best.key_match == rival.key_match:
             reasons[rival.memory_id] = (True, "ambiguous")
             return out("review", best.memory_id, "ambiguous_target")

@@ -48,7 +48,9 @@ class BatchSettings:
         if not 1 <= self.max_batch <= 4096:
             raise InvalidInput(f"max_batch must be in [1, 4096], got {self.max_batch}")
         if not 16 <= self.max_batch_tokens <= 1 << 22:
-            raise InvalidInput(f"max_batch_tokens must be in [16, 4194304], got {self.max_batch_tokens}")
+            raise InvalidInput(
+                f"max_batch_tokens must be in [16, 4194304], got {self.max_batch_tokens}"
+            )
         if self.row_invariant not in ("auto", "on", "off"):
             raise InvalidInput("row_invariant must be auto, on or off")
 
@@ -140,7 +142,9 @@ class TokenModel(Generic[Item]):
                 end += 1
             index = order[start:end]
             width = static or int(lengths[index[-1]])
-            buckets.append(Bucket(index=index, feeds=self._pad([encodings[i] for i in index], width)))
+            buckets.append(
+                Bucket(index=index, feeds=self._pad([encodings[i] for i in index], width))
+            )
             stats.padded_tokens += len(index) * width
             start = end
         stats.batches = len(buckets)

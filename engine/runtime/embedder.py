@@ -29,7 +29,8 @@ class Embedder(TokenModel[str]):
         out = self.model.session.get_outputs()[0]
         if self.dim and isinstance(out.shape[-1], int) and out.shape[-1] != self.dim:
             raise ManifestMismatch(
-                f"{manifest.describe()}: graph width {out.shape[-1]} != manifest embedding_dim {self.dim}"
+                f"{manifest.describe()}: graph width {out.shape[-1]} != "
+                f"manifest embedding_dim {self.dim}"
             )
 
     def encode(self, items: Sequence[str]) -> list[Encoding]:

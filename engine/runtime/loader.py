@@ -43,7 +43,11 @@ class ModelChoice:
 
 def _variants(cache_dir: Path, name: str) -> list[str]:
     root = Path(cache_dir) / "models" / name
-    return sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file()) if root.is_dir() else []
+    return (
+        sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file())
+        if root.is_dir()
+        else []
+    )
 
 
 def resolve_nli(cache_dir: Path, choice: ModelChoice, device: str) -> Manifest:
@@ -67,7 +71,9 @@ def resolve_nli(cache_dir: Path, choice: ModelChoice, device: str) -> Manifest:
             problems.append(f"{name}: random-initialised weights (speed work only)")
             continue
         if name != names[0]:
-            log.warning("NLI fallback: using %s because %s", manifest.describe(), "; ".join(problems))
+            log.warning(
+                "NLI fallback: using %s because %s", manifest.describe(), "; ".join(problems)
+            )
         return manifest
     raise ModelError(
         "no usable NLI model: " + "; ".join(problems) + ". Build them with `memgate models build`."
@@ -86,5 +92,10 @@ def load_models(
     emb_dir = artefact_dir(cache_dir, EMBEDDER, choice.embedder_variant)
     embedder = Embedder(load_manifest(emb_dir), session, batching)
     nli = NLIScorer(resolve_nli(cache_dir, choice, session.device), session, batching)
-    log.info("models: %s + %s on %s", embedder.manifest.describe(), nli.manifest.describe(), session.device)
+    log.info(
+        "models: %s + %s on %s",
+        embedder.manifest.describe(),
+        nli.manifest.describe(),
+        session.device,
+    )
     return embedder, nli

@@ -104,11 +104,16 @@ def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
-        raise ModelError(f"no {MANIFEST_NAME} in {directory}: build it with `memgate models build`") from exc
+        raise ModelError(
+            f"no {MANIFEST_NAME} in {directory}: build it with `memgate models build`"
+        ) from exc
     except (OSError, ValueError) as exc:
         raise ManifestMismatch(f"{path} is unreadable: {exc}") from exc
     if not isinstance(raw, dict) or raw.get("format") != FORMAT_VERSION:
-        raise ManifestMismatch(f"{path}: unknown manifest format {raw.get('format') if isinstance(raw, dict) else raw!r}")
+        raise ManifestMismatch(
+            f"{path}: unknown manifest format "
+            f"{raw.get('format') if isinstance(raw, dict) else raw!r}"
+        )
     try:
         manifest = Manifest(
             directory=directory,
@@ -153,7 +158,9 @@ def _check_consistency(m: Manifest) -> None:
             raise ManifestMismatch(f"{m.directory}: {rel} is not covered by the manifest's hashes")
     if m.task == "nli":
         if len(m.labels) < 2 or "contradiction" not in m.labels:
-            raise ManifestMismatch(f"{m.directory}: NLI labels must name 'contradiction', got {m.labels}")
+            raise ManifestMismatch(
+                f"{m.directory}: NLI labels must name 'contradiction', got {m.labels}"
+            )
         if len(set(m.labels)) != len(m.labels):
             raise ManifestMismatch(f"{m.directory}: duplicate labels {m.labels}")
     if m.task == "embedding" and m.pooling not in ("mean", "cls"):
@@ -168,10 +175,15 @@ def verify_files(m: Manifest) -> None:
         if not path.is_file():
             raise ManifestMismatch(f"{m.directory}: {rel} is listed in the manifest but missing")
         if path.stat().st_size != rec.get("size"):
-            raise ManifestMismatch(f"{m.directory}: {rel} has size {path.stat().st_size}, manifest says {rec.get('size')}")
+            raise ManifestMismatch(
+                f"{m.directory}: {rel} has size {path.stat().st_size}, "
+                f"manifest says {rec.get('size')}"
+            )
         digest = sha256_file(path)
         if digest != rec.get("sha256"):
-            raise ManifestMismatch(f"{m.directory}: {rel} sha256 {digest[:12]}… does not match the manifest")
+            raise ManifestMismatch(
+                f"{m.directory}: {rel} sha256 {digest[:12]}… does not match the manifest"
+            )
 
 
 def write_manifest(directory: Path, fields: dict[str, Any], file_names: list[str]) -> Path:

@@ -37,13 +37,16 @@ class NLIScorer(TokenModel[Pair]):
         out = self.model.session.get_outputs()[0]
         if isinstance(out.shape[-1], int) and out.shape[-1] != len(self.labels):
             raise ManifestMismatch(
-                f"{manifest.describe()}: graph has {out.shape[-1]} logits, manifest labels {self.labels}"
+                f"{manifest.describe()}: graph has {out.shape[-1]} logits, "
+                f"manifest labels {self.labels}"
             )
 
     def encode(self, items: Sequence[Pair]) -> list[Encoding]:
         pairs = []
         for item in items:
-            if not (isinstance(item, tuple) and len(item) == 2 and all(isinstance(s, str) for s in item)):
+            if not (
+                isinstance(item, tuple) and len(item) == 2 and all(isinstance(s, str) for s in item)
+            ):
                 raise InvalidInput("NLI input must be (premise, hypothesis) string pairs")
             pairs.append(item)
         return list(self.tokenizer.encode_batch(pairs, add_special_tokens=True))

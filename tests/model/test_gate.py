@@ -1,4 +1,4 @@
-"""The gate over the real models (MiniLM fp32 + the offline contradiction model) and a real store."""
+"""The gate over the real models (MiniLM fp32, the offline contradiction model), a real store."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def active_texts(g: Gate, ns: str = NS) -> set[str]:
 
 
 def test_update_replaces_the_stale_memory_and_keeps_a_pointer(gate: Gate) -> None:
-    d = gate.triage([Fact(NS, "The customer's office is in Chicago.")], "strict", apply=True).decisions[0]
+    d = gate.triage(
+        [Fact(NS, "The customer's office is in Chicago.")], "strict", apply=True
+    ).decisions[0]
     assert d.action == "replace"
     old = gate.get(NS, d.target_id or "")
     new = gate.get(NS, d.memory_id or "")
@@ -51,7 +53,9 @@ def test_update_replaces_the_stale_memory_and_keeps_a_pointer(gate: Gate) -> Non
 
 
 def test_unrelated_fact_is_added(gate: Gate) -> None:
-    d = gate.triage([Fact(NS, "The customer is learning to play the cello.")], "strict").decisions[0]
+    d = gate.triage([Fact(NS, "The customer is learning to play the cello.")], "strict").decisions[
+        0
+    ]
     assert d.action == "add" and d.target_id is None
     assert all(c.passed is False for c in d.candidates)
 
@@ -65,7 +69,9 @@ def test_dry_run_writes_nothing(gate: Gate) -> None:
 
 
 def test_restatement_is_skipped_as_a_duplicate(gate: Gate) -> None:
-    d = gate.triage([Fact(NS, "The customer's office is in Denver.")], "strict", apply=True).decisions[0]
+    d = gate.triage(
+        [Fact(NS, "The customer's office is in Denver.")], "strict", apply=True
+    ).decisions[0]
     assert d.action == "skip"
     assert gate.get(NS, d.target_id or "") is not None
     assert len(active_texts(gate)) == len(SEED)
@@ -73,7 +79,9 @@ def test_restatement_is_skipped_as_a_duplicate(gate: Gate) -> None:
 
 def test_event_phrased_update_is_caught(make_gate: Callable[..., Gate]) -> None:
     g = make_gate()
-    g.ingest([Fact("u/maya", "Maya lives in Denver, Colorado."), Fact("u/maya", "Maya is a nurse.")])
+    g.ingest(
+        [Fact("u/maya", "Maya lives in Denver, Colorado."), Fact("u/maya", "Maya is a nurse.")]
+    )
     d = g.triage([Fact("u/maya", "Maya moved to Austin last month.")], "strict").decisions[0]
     assert d.action == "replace", d
     assert d.hypothesis  # the event was rewritten for the NLI check
@@ -83,7 +91,9 @@ def test_event_phrased_update_is_caught(make_gate: Callable[..., Gate]) -> None:
 def test_sibling_is_never_replaced(make_gate: Callable[..., Gate]) -> None:
     g = make_gate()
     g.ingest([Fact("u/trip", "Outbound flight: LH 400 on 2 May, seat 14A.")])
-    d = g.triage([Fact("u/trip", "Return flight: LH 401 on 16 May, seat 22C.")], "strict").decisions[0]
+    d = g.triage(
+        [Fact("u/trip", "Return flight: LH 401 on 16 May, seat 22C.")], "strict"
+    ).decisions[0]
     assert d.action != "replace"
 
 
@@ -91,7 +101,9 @@ def test_episodic_is_appended_and_never_a_candidate(gate: Gate) -> None:
     ep = Fact(NS, "The customer called about the office move.", kind="episodic")
     d1 = gate.triage([ep], "strict", apply=True).decisions[0]
     assert (d1.action, d1.rule) == ("add", "episodic")
-    d2 = gate.triage([Fact(NS, "The customer did not call about the office move.")], "strict").decisions[0]
+    d2 = gate.triage(
+        [Fact(NS, "The customer did not call about the office move.")], "strict"
+    ).decisions[0]
     assert d1.memory_id not in {c.memory_id for c in d2.candidates}
 
 
@@ -102,7 +114,10 @@ def test_keyed_fact_replaces_by_key_without_the_model(make_gate: Callable[..., G
     new = g.triage([Fact("t/1", "Plan: Enterprise", key="plan")], "strict", apply=True).decisions[0]
     assert (first.action, same.action, new.action) == ("add", "skip", "replace")
     assert new.target_id == first.memory_id and new.rule == "keyed"
-    assert [m.text for m in g.history("t/1", new.memory_id or "")] == ["Plan: Pro", "Plan: Enterprise"]
+    assert [m.text for m in g.history("t/1", new.memory_id or "")] == [
+        "Plan: Pro",
+        "Plan: Enterprise",
+    ]
 
 
 def test_in_batch_updates_chain_in_order(make_gate: Callable[..., Gate]) -> None:
@@ -116,30 +131,42 @@ def test_in_batch_updates_chain_in_order(make_gate: Callable[..., Gate]) -> None
     assert a.action == b.action == "replace"
     assert b.target_id == a.memory_id
     chain = g.history("t/2", b.memory_id or "")
-    assert [m.text for m in chain] == ["Timezone: Europe/Berlin", "Timezone: America/Chicago", "Timezone: Asia/Tokyo"]
+    assert [m.text for m in chain] == [
+        "Timezone: Europe/Berlin",
+        "Timezone: America/Chicago",
+        "Timezone: Asia/Tokyo",
+    ]
     assert [m.status for m in chain] == ["superseded", "superseded", "active"]
 
 
 def test_in_batch_free_text_sees_earlier_facts(make_gate: Callable[..., Gate]) -> None:
     g = make_gate()
-    batch = [Fact("t/3", "The customer's office is in Denver."),
-             Fact("t/3", "The customer's office is in Denver.")]
+    batch = [
+        Fact("t/3", "The customer's office is in Denver."),
+        Fact("t/3", "The customer's office is in Denver."),
+    ]
     a, b = g.triage(batch, "strict", apply=True).decisions
     assert (a.action, b.action) == ("add", "skip")
     assert b.target_id == a.memory_id
 
 
 def test_undo_restores_the_superseded_memory(gate: Gate) -> None:
-    d = gate.triage([Fact(NS, "The customer's office is in Chicago.")], "strict", apply=True).decisions[0]
+    d = gate.triage(
+        [Fact(NS, "The customer's office is in Chicago.")], "strict", apply=True
+    ).decisions[0]
     restored, undone = gate.undo(NS, d.memory_id or "")
-    assert restored.text == SEED[0] and restored.status == "active" and restored.superseded_by is None
+    assert (
+        restored.text == SEED[0] and restored.status == "active" and restored.superseded_by is None
+    )
     assert undone.status == "undone"
     assert SEED[0] in active_texts(gate)
     assert "The customer's office is in Chicago." not in active_texts(gate)
     assert [e.type for e in gate.store.events(NS)][-1] == "undo"
     with pytest.raises(Conflict):
         gate.undo(NS, d.memory_id or "")
-    plain = gate.triage([Fact(NS, "The customer is learning to play the cello.")], "strict", apply=True)
+    plain = gate.triage(
+        [Fact(NS, "The customer is learning to play the cello.")], "strict", apply=True
+    )
     with pytest.raises(Conflict):
         gate.undo(NS, plain.decisions[0].memory_id or "")
 
@@ -165,12 +192,20 @@ def test_review_policy_queues_and_resolves(make_gate: Callable[..., Gate]) -> No
     assert res.memory_id and active_texts(g, "t/4") == {"The customer's office is in Chicago."}
     with pytest.raises(Conflict):
         g.resolve_review("t/4", item.id, "reject")
-    d2 = g.triage([Fact("t/4", "The customer's office is in Boston.")], "review", apply=True,
-                  overrides={"review_scope": "all"}).decisions[0]
+    d2 = g.triage(
+        [Fact("t/4", "The customer's office is in Boston.")],
+        "review",
+        apply=True,
+        overrides={"review_scope": "all"},
+    ).decisions[0]
     g.resolve_review("t/4", d2.review_id or "", "keep_both")
     assert "The customer's office is in Boston." in active_texts(g, "t/4")
-    d3 = g.triage([Fact("t/4", "The customer's office is in Austin.")], "review", apply=True,
-                  overrides={"review_scope": "all"}).decisions[0]
+    d3 = g.triage(
+        [Fact("t/4", "The customer's office is in Austin.")],
+        "review",
+        apply=True,
+        overrides={"review_scope": "all"},
+    ).decisions[0]
     g.resolve_review("t/4", d3.review_id or "", "reject")
     assert "The customer's office is in Austin." not in active_texts(g, "t/4")
 
@@ -188,7 +223,9 @@ def test_reopen_rebuilds_the_index_from_the_store(make_gate: Callable[..., Gate]
 
 
 def test_namespaces_are_isolated(gate: Gate) -> None:
-    d = gate.triage([Fact("other/tenant", "The customer's office is in Chicago.")], "strict").decisions[0]
+    d = gate.triage(
+        [Fact("other/tenant", "The customer's office is in Chicago.")], "strict"
+    ).decisions[0]
     assert d.action == "add" and d.candidates == ()
     some_id = gate.recall(NS, "office", k=1)[0][0].id
     assert gate.get("other/tenant", some_id) is None
@@ -219,7 +256,9 @@ def test_forget_erases_and_leaves_the_index(gate: Gate) -> None:
 def test_bad_input_is_refused_before_any_work(gate: Gate, fact: Fact) -> None:
     before = gate.store.events(NS)
     with pytest.raises(InvalidInput):
-        gate.triage([Fact(NS, "The customer is learning to play the cello."), fact], "strict", apply=True)
+        gate.triage(
+            [Fact(NS, "The customer is learning to play the cello."), fact], "strict", apply=True
+        )
     assert gate.store.events(NS) == before  # the valid fact in the batch was not written either
 
 

@@ -27,7 +27,9 @@ TEXTS = [
 ]
 
 
-def test_embeddings_are_unit_length_and_independent_of_bucketing(models: tuple[Embedder, NLIScorer]) -> None:
+def test_embeddings_are_unit_length_and_independent_of_bucketing(
+    models: tuple[Embedder, NLIScorer],
+) -> None:
     embedder, _ = models
     batched = embedder.embed(TEXTS)
     one_by_one = np.stack([embedder.embed([t])[0] for t in TEXTS])
@@ -86,7 +88,9 @@ def test_offline_contradiction_model_on_the_seed_examples(cache_dir: Path) -> No
 def test_random_weights_are_never_served_by_default(cache_dir: Path) -> None:
     with pytest.raises(ModelError):
         resolve_nli(cache_dir, ModelChoice(nli="nli-deberta-v3-small"), "cpu")
-    m = resolve_nli(cache_dir, ModelChoice(nli="nli-deberta-v3-small", allow_random_weights=True), "cpu")
+    m = resolve_nli(
+        cache_dir, ModelChoice(nli="nli-deberta-v3-small", allow_random_weights=True), "cpu"
+    )
     assert m.weights == "random" and m.labels == ("contradiction", "entailment", "neutral")
 
 
