@@ -41,7 +41,7 @@ class Policy:
     """Candidates below this cosine similarity are never considered."""
     contradiction: float = 0.95
     """Contradiction probability a candidate must exceed to count as a conflict."""
-    key_match_contradiction: float = 0.50
+    key_match_contradiction: float = 0.80
     """Lower bar for a candidate whose inferred attribute key matches the new fact's."""
     top_k: int = 20
     """How many similar memories are recalled per fact."""

@@ -72,7 +72,7 @@ def test_key_match_candidate_is_considered_below_the_floor() -> None:
 
 
 def test_two_stored_values_of_one_attribute_are_ambiguous() -> None:
-    v = decide([ev("a", 0.93, 0.8, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT)
+    v = decide([ev("a", 0.93, 0.85, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT)
     assert (v.action, v.rule) == ("review", "ambiguous_target")
 
 
@@ -83,8 +83,8 @@ def test_sibling_with_key_conflict_is_never_replaced() -> None:
 
 
 def test_key_match_lowers_the_bar() -> None:
-    plain = decide([ev("a", 0.7, 0.6)], STRICT)
-    keyed = decide([ev("a", 0.7, 0.6, key_match=True)], STRICT)
+    plain = decide([ev("a", 0.7, 0.85)], STRICT)
+    keyed = decide([ev("a", 0.7, 0.85, key_match=True)], STRICT)
     assert plain.action == "add"
     assert (keyed.action, keyed.rule) == ("replace", "key_match")
 
