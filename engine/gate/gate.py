@@ -247,6 +247,20 @@ class Gate:
 
         t0 = time.perf_counter()
         probs = self.nli.score(pairs) if pairs else np.zeros((0, 2), dtype=np.float32)
+        # Verification: a candidate that conflicts forward is also scored the other way round
+        # (new fact = premise). A real update contradicts both ways; a refinement or a
+        # restatement ("studying law" <- "second year of law at Leiden") does not.
+        if pol.verify_reverse and len(pairs):
+            ci = self.nli.contradiction_index
+            bar = min(pol.contradiction, pol.key_match_contradiction)
+            extra_pairs = []
+            for (i, mid, way), at in list(pair_at.items()):
+                if way == "fwd" and probs[at, ci] > bar and (i, mid, "rev") not in pair_at:
+                    pair_at[(i, mid, "rev")] = len(pairs) + len(extra_pairs)
+                    extra_pairs.append((facts[i].text, pairs[at][0]))
+            if extra_pairs:
+                pairs.extend(extra_pairs)
+                probs = np.concatenate([probs, self.nli.score(extra_pairs)])
         timings["nli"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -337,6 +351,7 @@ class Gate:
                             similarity=sim,
                             contradiction=None if fwd is None else float(probs[fwd, ci]),
                             entailment=None if fwd is None or ei is None else float(probs[fwd, ei]),
+                            reverse_contradiction=None if rev is None else float(probs[rev, ci]),
                             reverse_entailment=None
                             if rev is None or ei is None
                             else float(probs[rev, ei]),

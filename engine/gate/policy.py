@@ -70,6 +70,11 @@ class Policy:
     """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
     normalize: bool = True
     """Rewrite change/event phrasing into a current-state statement for the NLI check."""
+    verify_reverse: bool = True
+    """Score conflicting candidates the other way round too (new fact = premise); a candidate
+    passes only if both directions clear the bar. Refinements and restatements fail it."""
+    reverse_contradiction: float = 0.90
+    """The reverse direction's bar (``key_match_contradiction`` for a matching key)."""
     lexical: bool = True
     """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
     keys: bool = True
@@ -135,6 +140,8 @@ class Evidence:
     """P(memory entails new fact), when the model has an entailment label."""
     reverse_entailment: float | None = None
     """P(new fact entails memory), when measured."""
+    reverse_contradiction: float | None = None
+    """Contradiction with the new fact as premise, when measured (verification)."""
     key: str | None = None
     key_match: bool = False
     key_conflict: bool = False
@@ -196,6 +203,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("skip", container.memory_id, "contained")
 
     passing: list[Evidence] = []
+    forward: list[Evidence] = []  # conflicting one way at least: plausible targets all the same
     for ev in above:
         bar = policy.key_match_contradiction if ev.key_match else policy.contradiction
         if ev.key_conflict:
@@ -204,15 +212,21 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             reasons[ev.memory_id] = (False, f"mismatch:{ev.mismatch}")
         elif ev.contradiction is None or ev.contradiction <= bar:
             reasons[ev.memory_id] = (False, "low_contradiction")
+        elif ev.reverse_contradiction is not None and ev.reverse_contradiction <= min(
+            bar, policy.reverse_contradiction
+        ):
+            reasons[ev.memory_id] = (False, "one_way_contradiction")
+            forward.append(ev)
         else:
+            forward.append(ev)
             reasons[ev.memory_id] = (True, "key_match" if ev.key_match else "contradiction")
             passing.append(ev)
 
     if not passing:
         return out("add", None, "no_conflict")
     best = passing[0]
-    for rival in passing[1:]:
-        gap = best.similarity - rival.similarity
+    for rival in (ev for ev in forward if ev is not best):
+        gap = abs(best.similarity - rival.similarity)
         margin = (
             policy.key_ambiguity_margin
             if best.key_match and rival.key_match
