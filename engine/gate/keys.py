@@ -105,13 +105,13 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "direction",
         {
-            "outbound": ("outbound", "outward", "departing", "onward"),
-            "return": ("return", "inbound", "homebound", "homeward", "returning"),
+            "outbound": ("outbound", "outward", "departing", "onward", "out"),
+            "return": ("return", "inbound", "homebound", "homeward", "returning", "back"),
         },
         _words(
             "flight flights leg legs ticket tickets trip journey train ferry bus coach sailing"
             " booking seat seats baggage bag bags allowance transfer date segment crossing pickup"
-            " drive fare connection departure"
+            " drive fare connection departure flies fly flying flew"
         ),
         frozenset({"outbound", "outward", "inbound", "homebound", "homeward"}),
     ),
@@ -1221,6 +1221,23 @@ def infer_key(text: str) -> AttributeKey | None:
     return AttributeKey(subject=subject, attribute=features.attribute, qualifiers=qualifiers)
 
 
+# "Route 9 ...", "Bay 4 ...", "Line 12 ...": a numbered thing as the sentence's subject. Two
+# texts about different numbers of the same kind are about different things (siblings).
+_NUMBERED_SUBJECT = re.compile(
+    r"^\s*(?:[^,]{0,30},\s*)?(?:(?:the|our|their|his|her)\s+)?(?:[A-Z][\w'-]*\s+){0,2}?"
+    r"(?P<kind>[A-Z][a-z]+)\s+(?:no\.?\s*|#)?(?P<num>\d[\w-]*)\b"
+)
+
+
+def _numbered_subjects(new_text: str, old_text: str) -> str | None:
+    a, b = _NUMBERED_SUBJECT.match(new_text), _NUMBERED_SUBJECT.match(old_text)
+    if a is None or b is None or a["kind"].lower() != b["kind"].lower():
+        return None
+    if a["num"].lower() == b["num"].lower():
+        return None
+    return f"instance:{a['kind'].lower()} {a['num']}!={b['num']}"
+
+
 def relate(
     new_text: str, old_text: str, new_key: str | None = None, old_key: str | None = None
 ) -> Relation:
@@ -1250,6 +1267,9 @@ def relate(
         if a_values and b_values and not a_values & b_values:
             a_text, b_text = "+".join(sorted(a_values)), "+".join(sorted(b_values))
             return Relation(False, True, f"qualifier:{a_text}!={b_text}")
+    numbered = _numbered_subjects(new_text, old_text)
+    if numbered is not None:
+        return Relation(False, True, numbered)
 
     explicit = new_key or old_key
     if explicit:

@@ -413,3 +413,28 @@ def test_relate_is_symmetric_in_siblinghood_for_named_people() -> None:
     assert relate(
         "Ada's swim class is on Mondays.", "Leo's swim class is on Tuesdays."
     ).key_conflict
+
+
+@pytest.mark.parametrize(
+    ("new", "old"),
+    [
+        ("As of Monday, Route 14 got moved to the Drammen hub.", "Route 9 runs through Drammen."),
+        ("Bay 3 is closed for resurfacing until June.", "Bay 7 is closed on Sundays."),
+        ("Line 2 now stops at the airport.", "Line 5 stops at the airport."),
+    ],
+)
+def test_numbered_subjects_of_one_kind_are_siblings(new: str, old: str) -> None:
+    rel = relate(new, old)
+    assert rel.key_conflict and (rel.reason.startswith(("instance:", "qualifier:")))
+
+
+def test_a_number_in_the_value_is_not_a_sibling() -> None:
+    rel = relate(
+        "Yusuf's thesis defence will be held in Room B312.", "Yusuf's defence is in Room B214."
+    )
+    assert not rel.key_conflict
+
+
+def test_flying_back_is_the_return_leg() -> None:
+    rel = relate("Keanu flies back from Lima on 18 March.", "Keanu flies out to Lima on 2 March.")
+    assert rel.key_conflict and "return" in rel.reason
