@@ -40,15 +40,21 @@ def _engine_settings(args: argparse.Namespace) -> Any:
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", default=os.environ.get("MEMGATE_DATA", "memgate-data"),
-                   help="directory of the store (default: $MEMGATE_DATA or ./memgate-data)")
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("MEMGATE_DATA", "memgate-data"),
+        help="directory of the store (default: $MEMGATE_DATA or ./memgate-data)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
     p.add_argument("--nli-variant", default="auto")
     p.add_argument("--embedder-variant", default="fp32")
-    p.add_argument("--allow-random-weights", action="store_true",
-                   help="serve a random-initialised NLI model (speed work only)")
+    p.add_argument(
+        "--allow-random-weights",
+        action="store_true",
+        help="serve a random-initialised NLI model (speed work only)",
+    )
 
 
 def _print_decision(d: Any, show_candidates: int = 3) -> None:
@@ -58,25 +64,33 @@ def _print_decision(d: Any, show_candidates: int = 3) -> None:
         print(f"          NLI hypothesis: {d.hypothesis!r}")
     for c in d.candidates[:show_candidates]:
         contra = "  -  " if c.contradiction is None else f"{c.contradiction:.3f}"
-        print(f"          sim {c.similarity:.3f}  contradiction {contra}  {c.reason:<22} {c.text!r}")
+        print(
+            f"          sim {c.similarity:.3f}  contradiction {contra}  {c.reason:<22} {c.text!r}"
+        )
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from engine.app import open_engine
     from engine.types import Fact
 
-    with tempfile.TemporaryDirectory() as tmp, open_engine(
-        _engine_settings(args), db_path=Path(tmp) / "demo.db"
-    ) as eng:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_engine(_engine_settings(args), db_path=Path(tmp) / "demo.db") as eng,
+    ):
         print(f"models: {eng.gate.embedder.manifest.describe()}")  # type: ignore[attr-defined]
         print(f"        {eng.gate.nli.manifest.describe()}")  # type: ignore[attr-defined]
         ns = "demo/acme"
-        seed = ["The customer's office is in Denver.", "The customer prefers email over phone calls.",
-                "The customer's account manager is Priya."]
+        seed = [
+            "The customer's office is in Denver.",
+            "The customer prefers email over phone calls.",
+            "The customer's account manager is Priya.",
+        ]
         eng.gate.ingest([Fact(ns, t) for t in seed])
         print("stored:", *(f"  {t}" for t in seed), sep="\n")
-        incoming = [Fact(ns, "The customer's office is in Chicago."),
-                    Fact(ns, "The customer is learning to play the cello.")]
+        incoming = [
+            Fact(ns, "The customer's office is in Chicago."),
+            Fact(ns, "The customer is learning to play the cello."),
+        ]
         for policy in ("strict", "review"):
             print(f"\npolicy {policy} (dry run):")
             for d in eng.gate.triage(incoming, policy).decisions:
@@ -95,18 +109,34 @@ def cmd_triage(args: argparse.Namespace) -> int:
                 continue
             row = json.loads(line)
             try:
-                facts.append(Fact(namespace=row["namespace"], text=row["text"],
-                                  kind=row.get("kind", "semantic"), key=row.get("key"),
-                                  metadata=row.get("metadata") or {}, source=row.get("source"),
-                                  idempotency_key=row.get("idempotency_key")))
+                facts.append(
+                    Fact(
+                        namespace=row["namespace"],
+                        text=row["text"],
+                        kind=row.get("kind", "semantic"),
+                        key=row.get("key"),
+                        metadata=row.get("metadata") or {},
+                        source=row.get("source"),
+                        idempotency_key=row.get("idempotency_key"),
+                    )
+                )
             except KeyError as exc:
                 raise SystemExit(f"{args.file}:{n}: missing field {exc}") from None
     with open_engine(_engine_settings(args)) as eng:
         result = eng.gate.triage(facts, args.policy, apply=args.apply)
     for d in result.decisions:
         if args.json:
-            print(json.dumps({"action": d.action, "target": d.target_id, "rule": d.rule,
-                              "memory_id": d.memory_id, "text": d.fact.text}))
+            print(
+                json.dumps(
+                    {
+                        "action": d.action,
+                        "target": d.target_id,
+                        "rule": d.rule,
+                        "memory_id": d.memory_id,
+                        "text": d.fact.text,
+                    }
+                )
+            )
         else:
             _print_decision(d)
     return 0
@@ -117,9 +147,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from engine.evaluate import load_cases, predict
 
     cases = load_cases(Path(args.cases))
-    with tempfile.TemporaryDirectory() as tmp, open_engine(
-        _engine_settings(args), db_path=Path(tmp) / "eval.db"
-    ) as eng:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_engine(_engine_settings(args), db_path=Path(tmp) / "eval.db") as eng,
+    ):
         overrides = json.loads(args.overrides) if args.overrides else None
         from engine.gate.policy import policy_by_name
 
@@ -131,8 +162,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.explain:
             rec["rule"] = d.rule
             rec["candidates"] = [
-                (c.text[:60], round(c.similarity, 3),
-                 None if c.contradiction is None else round(c.contradiction, 3), c.reason)
+                (
+                    c.text[:60],
+                    round(c.similarity, 3),
+                    None if c.contradiction is None else round(c.contradiction, 3),
+                    c.reason,
+                )
                 for c in d.candidates[:4]
             ]
         lines.append(json.dumps(rec))
@@ -140,21 +175,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
     else:
         print(*lines, sep="\n")
-    print(f"wrote {len(rows)} predictions ({args.policy})" + (f" to {args.out}" if args.out else ""),
-          file=sys.stderr)
+    print(
+        f"wrote {len(rows)} predictions ({args.policy})" + (f" to {args.out}" if args.out else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memgate", description=__doc__)
-    parser.add_argument("--cache-dir", default=str(_default_cache()),
-                        help="model artefact cache (default: $MEMGATE_HOME or ~/.cache/memgate)")
+    parser.add_argument(
+        "--cache-dir",
+        default=str(_default_cache()),
+        help="model artefact cache (default: $MEMGATE_HOME or ~/.cache/memgate)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("MEMGATE_LOG", "WARNING"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     from engine.pipeline.cli import register as register_models
 
     register_models(sub)
+    from engine.server.cli import register as register_server
+
+    register_server(sub)
+    from engine.backfill.cli import register as register_backfill
+
+    register_backfill(sub)
 
     p = sub.add_parser("demo", help="triage the Denver -> Chicago and cello examples")
     _add_engine_flags(p)

@@ -1,0 +1,302 @@
+"""A synchronous Python client for ``memgate serve``.
+
+::
+
+    from engine.client import MemgateClient
+    from engine.types import Fact
+
+    with MemgateClient("127.0.0.1:50051", token="...") as mg:
+        out = mg.write([Fact("acme/alice", "The customer's office is in Chicago.")])
+        print(out.decisions[0].action, out.decisions[0].target_id, out.timings["total"])
+
+Every method returns the domain types of :mod:`engine.types` (``Decision``, ``Memory``,
+``ReviewItem``) and raises the :mod:`engine.errors` class the server's status maps to (the same
+table, read backwards), with ``code`` (the gRPC status name) and ``request_id`` attributes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from engine.errors import MemgateError
+from engine.server import convert
+from engine.server.proto import pb, pb_grpc
+from engine.server.status import error_class
+from engine.types import Decision, Fact, Memory, ReviewItem
+
+__all__ = ["MemgateClient", "Resolved", "Triaged"]
+
+
+@dataclass(frozen=True)
+class Triaged:
+    """The answer to a Triage or Write: one decision per fact, in order."""
+
+    decisions: list[Decision]
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase (tokenize, queue, embed, search, nli, store, total) and batch_facts."""
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    status: str
+    """The review item's new status: accepted, kept_both or rejected."""
+    memory_id: str | None
+
+
+# Only RESOURCE_EXHAUSTED: admission refuses before any work. UNAVAILABLE is not retried here,
+# since a connection lost mid-Write may have committed (use idempotency keys, then retry).
+_RETRY_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "memgate.v1.Memgate"}],
+                "retryPolicy": {
+                    "maxAttempts": 4,
+                    "initialBackoff": "0.05s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2.5,
+                    "retryableStatusCodes": ["RESOURCE_EXHAUSTED"],
+                },
+            }
+        ]
+    }
+)
+
+
+def _request_id(metadata: Any) -> str:
+    for key, value in metadata or ():
+        if key == "x-request-id":
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def _translate(err: grpc.RpcError) -> MemgateError:
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    exc = error_class(code)(details or code.name)
+    exc.code = code.name  # type: ignore[attr-defined]
+    exc.request_id = _request_id(  # type: ignore[attr-defined]
+        err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    )
+    return exc
+
+
+class MemgateClient:
+    """One channel to one server. Thread-safe; close it (or use ``with``) when done.
+
+    ``tls``: False for plaintext, True for TLS with the system roots, or PEM bytes of the root
+    certificate to trust. ``tls_server_name`` overrides the name checked against the
+    certificate (a test certificate issued for ``localhost`` reached at 127.0.0.1).
+    ``timeout``: the default deadline of every call, in seconds (None: no deadline).
+    ``retry``: retry calls refused by admission control (RESOURCE_EXHAUSTED) up to 3 times with
+    jittered exponential backoff. A refused call did no work, so even a Write is safe to retry.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        token: str | None = None,
+        tls: bool | bytes = False,
+        *,
+        tls_server_name: str | None = None,
+        timeout: float | None = 30.0,
+        retry: bool = True,
+        max_message_bytes: int = 16 << 20,
+    ) -> None:
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        if retry:
+            options += [("grpc.enable_retries", 1), ("grpc.service_config", _RETRY_CONFIG)]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls is False:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            roots = tls if isinstance(tls, bytes) else None
+            creds = grpc.ssl_channel_credentials(root_certificates=roots)
+            self._channel = grpc.secure_channel(target, creds, options=options)
+        self._stub = pb_grpc.MemgateStub(self._channel)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self.timeout = timeout
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> MemgateClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Any, request: Any, timeout: float | None) -> tuple[Any, str]:
+        try:
+            response, call = method.with_call(
+                request, timeout=self._timeout(timeout), metadata=self._metadata
+            )
+        except grpc.RpcError as err:
+            raise _translate(err) from None
+        return response, _request_id(call.trailing_metadata())
+
+    def _timeout(self, timeout: float | None) -> float | None:
+        return self.timeout if timeout is None else timeout
+
+    @staticmethod
+    def _facts(facts: Sequence[Fact]) -> list[Any]:
+        return [convert.fact_to_pb(f) for f in facts]
+
+    def _decide(
+        self,
+        method: Any,
+        request_type: Any,
+        facts: Sequence[Fact],
+        policy: str,
+        overrides: Mapping[str, Any] | None,
+        timeout: float | None,
+    ) -> Triaged:
+        facts = list(facts)
+        request = request_type(
+            facts=self._facts(facts),
+            policy=convert.policy_to_pb(policy),
+            overrides=convert.overrides_to_pb(overrides),
+        )
+        response, rid = self._call(method, request, timeout)
+        decisions = [convert.decision_from_pb(d, facts[d.index]) for d in response.decisions]
+        return Triaged(decisions, convert.timings_from_pb(response.timings), rid)
+
+    # -- the RPCs ---------------------------------------------------------------------------
+    def triage(
+        self,
+        facts: Sequence[Fact],
+        policy: str = "strict",
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Triaged:
+        """Decide ``facts`` without storing anything (dry run)."""
+        return self._decide(self._stub.Triage, pb.TriageRequest, facts, policy, overrides, timeout)
+
+    def write(
+        self,
+        facts: Sequence[Fact],
+        policy: str = "strict",
+        overrides: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Triaged:
+        """Decide and commit ``facts`` in one transaction; decisions carry the stored ids."""
+        return self._decide(self._stub.Write, pb.WriteRequest, facts, policy, overrides, timeout)
+
+    def recall(
+        self, namespace: str, query: str, k: int = 10, *, timeout: float | None = None
+    ) -> list[tuple[Memory, float]]:
+        request = pb.RecallRequest(namespace=namespace, query=query.encode("utf-8"), k=k)
+        response, _ = self._call(self._stub.Recall, request, timeout)
+        return [(convert.memory_from_pb(h.memory), float(h.similarity)) for h in response.hits]
+
+    def get(self, namespace: str, memory_id: str, *, timeout: float | None = None) -> Memory:
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+        response, _ = self._call(self._stub.Get, ref, timeout)
+        return convert.memory_from_pb(response.memory)
+
+    def forget(self, namespace: str, memory_id: str, *, timeout: float | None = None) -> str:
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+        response, _ = self._call(self._stub.Forget, ref, timeout)
+        return str(response.memory_id)
+
+    def undo(
+        self, namespace: str, memory_id: str, *, timeout: float | None = None
+    ) -> tuple[Memory, Memory]:
+        """Undo the replacement ``memory_id`` made: returns (restored, undone)."""
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+        response, _ = self._call(self._stub.Undo, ref, timeout)
+        return convert.memory_from_pb(response.restored), convert.memory_from_pb(response.undone)
+
+    def history(
+        self, namespace: str, memory_id: str, *, timeout: float | None = None
+    ) -> list[Memory]:
+        """The supersedes chain holding ``memory_id``, oldest first."""
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+        response, _ = self._call(self._stub.History, ref, timeout)
+        return [convert.memory_from_pb(m) for m in response.chain]
+
+    def list_review(
+        self, namespace: str, limit: int = 100, *, timeout: float | None = None
+    ) -> list[ReviewItem]:
+        request = pb.ListReviewRequest(namespace=namespace, limit=limit)
+        response, _ = self._call(self._stub.ListReview, request, timeout)
+        return [convert.review_from_pb(r) for r in response.items]
+
+    def resolve_review(
+        self, namespace: str, review_id: str, resolution: str, *, timeout: float | None = None
+    ) -> Resolved:
+        """``resolution``: accept (replace the target), keep_both (add) or reject (discard)."""
+        request = pb.ResolveReviewRequest(
+            namespace=namespace,
+            review_id=review_id,
+            resolution=convert.resolution_to_pb(resolution),
+        )
+        response, _ = self._call(self._stub.ResolveReview, request, timeout)
+        return Resolved(response.status, response.memory_id or None)
+
+    def backfill(
+        self,
+        facts: Iterable[Fact],
+        policy: str = "strict",
+        *,
+        dry_run: bool = False,
+        overrides: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Decision]:
+        """Stream ``facts`` (any iterable, read lazily) and yield their decisions in order."""
+        sent: list[Fact] = []
+        policy_pb = convert.policy_to_pb(policy)
+        overrides_pb = convert.overrides_to_pb(overrides)
+
+        def requests() -> Iterator[Any]:
+            for i, fact in enumerate(facts):
+                sent.append(fact)
+                if i == 0:
+                    yield pb.BackfillRequest(
+                        fact=convert.fact_to_pb(fact),
+                        policy=policy_pb,
+                        dry_run=dry_run,
+                        overrides=overrides_pb,
+                    )
+                else:
+                    yield pb.BackfillRequest(fact=convert.fact_to_pb(fact))
+
+        stream = self._stub.Backfill(
+            requests(), timeout=self._timeout(timeout), metadata=self._metadata
+        )
+        try:
+            for response in stream:
+                d = response.decision
+                yield convert.decision_from_pb(d, sent[d.index])
+        except grpc.RpcError as err:
+            raise _translate(err) from None
+        finally:
+            stream.cancel()
+
+    def health(self, service: str = "", *, timeout: float | None = None) -> str:
+        """``SERVING`` or ``NOT_SERVING`` (``service``: "" for the server, or the service name)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            response = stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=self._timeout(timeout)
+            )
+        except grpc.RpcError as err:
+            raise _translate(err) from None
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))

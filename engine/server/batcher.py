@@ -1,0 +1,231 @@
+"""The dynamic batcher: a thin asyncio driver over :class:`~engine.server.queue.TokenBudgetQueue`.
+
+Every request that needs the model (``Triage``, ``Write``, ``Backfill``, ``Recall``) is
+submitted here; all of them share one queue and one worker thread, so concurrent requests are
+answered by one model call. The driver
+
+* wakes on events only: a push sets an :class:`asyncio.Event`; while the queue holds a partial
+  batch the driver waits for that event *or* the oldest entry's ``max_wait_s``, whichever comes
+  first. There is no sleep-polling;
+* takes one batch at a time and runs it on the worker (``run_in_executor`` on a single-thread
+  executor); while the model is busy, new requests pile up and form the next, larger batch;
+* drops entries whose caller gave up (the future was cancelled) or whose deadline passed before
+  they reach the model, failing the latter with ``DeadlineExceeded``;
+* dies on a fatal error (``is_fatal``: a ``StorageError``, or anything that is not an
+  ``Exception``): every queued request fails with ``Unavailable``, later submits are refused
+  and ``on_dead`` is called, which turns the health service NOT_SERVING.
+
+``run(group, payloads)`` is injected; it returns one result (or one exception) per payload, in
+order, or raises to fail the whole batch. ``on_batch(batch, seconds)`` hears of every batch that
+ran (metrics, and the admission rate estimate). The unit tests drive the batcher with a fake
+``run`` and no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from engine.errors import DeadlineExceeded, StorageError, Unavailable
+from engine.server.queue import Batch, Entry, QueueSettings, TokenBudgetQueue
+
+__all__ = ["Batcher", "Served", "default_is_fatal"]
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+log = logging.getLogger("memgate.server.batcher")
+
+
+def default_is_fatal(exc: BaseException) -> bool:
+    """A failed store write stops the engine (fail-stop); so does anything not an Exception."""
+    return isinstance(exc, StorageError) or not isinstance(exc, Exception)
+
+
+@dataclass(frozen=True)
+class Served(Generic[R]):
+    """One request's result and what its batch looked like."""
+
+    result: R
+    queued_s: float
+    """From submit to the start of the batch that served it."""
+    batch_facts: int
+    batch_entries: int
+
+
+@dataclass(eq=False)
+class _Job(Generic[P, R]):
+    payload: P
+    future: asyncio.Future[Served[R]]
+
+
+class Batcher(Generic[P, R]):
+    """Owns the queue and the worker. Create and use it on one event loop."""
+
+    def __init__(
+        self,
+        run: Callable[[Hashable, list[P]], Sequence[R | BaseException]],
+        settings: QueueSettings | None = None,
+        *,
+        executor: Executor,
+        is_fatal: Callable[[BaseException], bool] = default_is_fatal,
+        on_dead: Callable[[BaseException], None] | None = None,
+        on_batch: Callable[[Batch[_Job[P, R]], float], None] | None = None,
+    ) -> None:
+        self._run = run
+        self._queue: TokenBudgetQueue[_Job[P, R]] = TokenBudgetQueue(settings)
+        self._executor = executor
+        self._is_fatal = is_fatal
+        self._on_dead = on_dead
+        self._on_batch = on_batch
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._dead: BaseException | None = None
+        self.batches = 0
+        """Batches sent to the worker since start."""
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self._task is not None and not self._task.done()
+
+    @property
+    def dead(self) -> BaseException | None:
+        """The error that killed the worker, or None."""
+        return self._dead
+
+    @property
+    def pending_facts(self) -> int:
+        return self._queue.pending_facts
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the driver task on the running loop."""
+        if self._task is not None:
+            return
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._drive(), name="memgate-batcher")
+        self._task.add_done_callback(self._driver_done)
+
+    async def close(self) -> None:
+        """Serve what is queued, then stop the driver. New submits are refused."""
+        self._closing = True
+        if self._task is None:
+            return
+        assert self._wake is not None
+        self._wake.set()
+        await asyncio.shield(self._task)
+
+    # -- producer ---------------------------------------------------------------------------
+    async def submit(
+        self,
+        payload: P,
+        *,
+        group: Hashable,
+        facts: int,
+        tokens: int,
+        deadline: float | None = None,
+    ) -> Served[R]:
+        """Queue ``payload`` and wait for its result. ``deadline`` is on ``loop.time()``."""
+        if self._dead is not None:
+            raise Unavailable("the model worker stopped; this server is not serving")
+        if self._closing or self._task is None or self._wake is None:
+            raise Unavailable("the server is not accepting model work (starting or draining)")
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if deadline is not None and now >= deadline:
+            raise DeadlineExceeded("the deadline passed before the request was queued")
+        future: asyncio.Future[Served[R]] = loop.create_future()
+        entry = Entry(_Job(payload, future), group, facts, tokens, now, deadline)
+        future.add_done_callback(lambda f: entry.cancel() if f.cancelled() else None)
+        self._queue.push(entry)
+        self._wake.set()
+        return await future
+
+    # -- driver -----------------------------------------------------------------------------
+    async def _drive(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while self._dead is None:
+            now = loop.time()
+            batch, dropped = self._queue.take(now, flush=self._closing)
+            for entry in dropped:
+                if not entry.payload.future.done():
+                    entry.payload.future.set_exception(
+                        DeadlineExceeded("the deadline passed while the request was queued")
+                    )
+            if batch is not None:
+                await self._dispatch(batch, loop)
+                continue
+            if self._closing and not len(self._queue):
+                return
+            wake = self._queue.wake_at()
+            self._wake.clear()
+            if wake is None:
+                await self._wake.wait()
+            else:
+                try:
+                    async with asyncio.timeout_at(wake):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+
+    async def _dispatch(self, batch: Batch[_Job[P, R]], loop: asyncio.AbstractEventLoop) -> None:
+        jobs = [e.payload for e in batch.entries]
+        self.batches += 1
+        t0 = loop.time()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, self._run, batch.group, [j.payload for j in jobs]
+            )
+            if self._on_batch is not None:
+                self._on_batch(batch, loop.time() - t0)
+            if len(results) != len(jobs):
+                raise RuntimeError(f"run returned {len(results)} results for {len(jobs)} payloads")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # the worker's failure is its callers' answer
+            if self._is_fatal(exc):
+                self._die(exc, jobs)
+            else:
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+            return
+        for entry, job, result in zip(batch.entries, jobs, results, strict=True):
+            if job.future.done():
+                continue  # cancelled while in the model: its answer is dropped
+            if isinstance(result, BaseException):
+                job.future.set_exception(result)
+            else:
+                job.future.set_result(
+                    Served(result, batch.started - entry.enqueued, batch.facts, len(jobs))
+                )
+
+    def _die(self, exc: BaseException, jobs: Sequence[_Job[P, R]] = ()) -> None:
+        if self._dead is not None:
+            return
+        self._dead = exc
+        log.error("model worker stopped: %s", type(exc).__name__, exc_info=exc)
+        stranded = list(jobs) + [e.payload for e in self._queue.drain()]
+        for job in stranded:
+            if not job.future.done():
+                job.future.set_exception(Unavailable("the model worker stopped"))
+        if self._on_dead is not None:
+            self._on_dead(exc)
+
+    def _driver_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            if self._closing:  # torn down while closing: fail what is left, quietly
+                for entry in self._queue.drain():
+                    if not entry.payload.future.done():
+                        entry.payload.future.set_exception(Unavailable("the server stopped"))
+                return
+            self._die(Unavailable("the batcher was cancelled"))
+        elif task.exception() is not None:
+            self._die(task.exception() or RuntimeError("batcher failed"))

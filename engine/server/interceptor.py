@@ -1,0 +1,225 @@
+"""The one interceptor every memgate call goes through.
+
+For each call to ``memgate.v1.Memgate`` (health and reflection pass untouched) it
+
+1. gives the call a request id (the client's ``x-request-id`` when it is sane, else a fresh one)
+   and returns it in the trailing metadata; while the server drains, refuses it (UNAVAILABLE);
+2. authenticates the token (``engine.server.auth``) and puts a :class:`Call` in a context
+   variable, where handlers find the principal to authorise namespaces against;
+3. maps every exception to a status through the one table (``engine.server.status``):
+   a :class:`~engine.errors.MemgateError` to its row, anything else to INTERNAL with the request
+   id only, its traceback logged server-side under the same id;
+4. records the call: request counter and latency histogram per RPC and code, and one JSON
+   access-log line (rpc, code, ms, request id, facts count; never texts).
+
+Handlers therefore hold no ``try/except``: they raise domain errors and return messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from engine.errors import MemgateError, Unavailable
+from engine.server.auth import Auth, Principal
+from engine.server.logs import access_logger
+from engine.server.metrics import Metrics
+from engine.server.status import rule_for
+
+__all__ = ["Call", "ServiceInterceptor", "current_call"]
+
+log = logging.getLogger("memgate.server")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+@dataclass
+class Call:
+    """What the interceptor knows about one call; handlers add the facts count."""
+
+    rpc: str
+    request_id: str
+    principal: Principal = field(default_factory=lambda: Principal(()))
+    facts: int = 0
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    started: float = field(default_factory=time.perf_counter)
+
+    def authorize(self, namespace: str) -> None:
+        self.principal.authorize(namespace)
+
+
+_CURRENT: ContextVar[Call] = ContextVar("memgate_call")
+
+
+def current_call() -> Call:
+    """The call being handled (set by the interceptor before the handler runs)."""
+    return _CURRENT.get()
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, service: str, auth: Auth, metrics: Metrics | None = None) -> None:
+        self._prefix = f"/{service}/"
+        self._auth = auth
+        self._metrics = metrics
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        self._in_flight = 0
+        self._draining = False
+        self._idle: asyncio.Event | None = None
+
+    # -- draining -------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new calls with UNAVAILABLE (retryable, unlike grpc's own CANCELLED for calls
+        that arrive after ``server.stop``) and wait up to ``grace`` seconds for the calls in
+        flight. True when they all finished."""
+        self._draining = True
+        if self._in_flight == 0:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method: str = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or not method.startswith(self._prefix):
+            return handler
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            wrapped = self._wrapped[method] = self._wrap(method[len(self._prefix) :], handler)
+        return wrapped
+
+    # -- wrapping -------------------------------------------------------------------------------
+    def _wrap(self, rpc: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        kw = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(self._unary(rpc, handler.unary_unary), **kw)
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(rpc, handler.stream_stream), **kw
+            )
+        raise TypeError(f"{rpc}: only unary-unary and stream-stream methods are wrapped")
+
+    def _unary(self, rpc: str, behavior: Any) -> Any:
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = self._begin(rpc, context)
+            try:
+                _CURRENT.set(call)
+                if self._draining:
+                    raise Unavailable("the server is draining; retry on another replica")
+                call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+                return await behavior(request, context)
+            except BaseException as exc:
+                await self._fail(call, exc, context)
+                raise
+            finally:
+                self._end(call)
+
+        return handle
+
+    def _stream(self, rpc: str, behavior: Any) -> Any:
+        async def handle(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call = self._begin(rpc, context)
+            try:
+                _CURRENT.set(call)
+                if self._draining:
+                    raise Unavailable("the server is draining; retry on another replica")
+                call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+                async for response in behavior(requests, context):
+                    yield response
+            except BaseException as exc:
+                await self._fail(call, exc, context)
+                raise
+            finally:
+                self._end(call)
+
+        return handle
+
+    # -- the three steps ------------------------------------------------------------------------
+    def _begin(self, rpc: str, context: grpc.aio.ServicerContext) -> Call:
+        self._in_flight += 1
+        rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
+        if not isinstance(rid, str) or not _REQUEST_ID.match(rid):
+            rid = secrets.token_hex(8)
+        call = Call(rpc, rid)
+        context.set_trailing_metadata((("x-request-id", rid),))
+        return call
+
+    async def _fail(
+        self, call: Call, exc: BaseException, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Abort with the table's status (raises), or record how the call ended and return."""
+        if isinstance(exc, grpc.aio.AbortError):
+            if call.code == grpc.StatusCode.OK:
+                call.code = context.code() or grpc.StatusCode.UNKNOWN
+            return
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            remaining = context.time_remaining()
+            expired = remaining is not None and remaining <= 0
+            call.code = grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+            return
+        if not isinstance(exc, Exception):
+            call.code = grpc.StatusCode.INTERNAL
+            return
+        rule = rule_for(exc)
+        call.code = rule.code
+        if isinstance(exc, MemgateError) and rule.public:
+            message = str(exc)
+        else:
+            message = f"{rule.message or 'internal error'} (request id {call.request_id})"
+            log.error(
+                "%s failed: %s",
+                call.rpc,
+                type(exc).__name__,
+                exc_info=exc,
+                extra={"fields": {"rpc": call.rpc, "request_id": call.request_id}},
+            )
+        await context.abort(
+            rule.code, message, trailing_metadata=(("x-request-id", call.request_id),)
+        )
+
+    def _end(self, call: Call) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+        seconds = time.perf_counter() - call.started
+        code = call.code.name
+        if self._metrics is not None:
+            self._metrics.observe_call(call.rpc, code, seconds)
+        if access_logger.isEnabledFor(logging.INFO):
+            access_logger.info(
+                "call",
+                extra={
+                    "fields": {
+                        "rpc": call.rpc,
+                        "code": code,
+                        "ms": round(seconds * 1000, 3),
+                        "request_id": call.request_id,
+                        "facts": call.facts,
+                        "principal": call.principal.name,
+                    }
+                },
+            )

@@ -1,0 +1,241 @@
+"""The batcher's queue: pure token-budget batch assembly. No asyncio, no clock, no model.
+
+Requests arrive as :class:`Entry` objects (a payload the queue never looks at, a *group*, a fact
+count, a token count, an arrival time and an optional deadline). Only entries of one group can
+share a model call (the server's groups are ``(policy, overrides, apply)`` for triage and
+``recall``). :meth:`TokenBudgetQueue.take` hands out one :class:`Batch` at a time:
+
+* entries that were cancelled or whose deadline passed are dropped first, so they never reach
+  the model (the caller fails expired ones with ``DeadlineExceeded``);
+* a group is *ready* when it holds a full batch (``max_batch_tokens`` or ``max_batch_facts``),
+  or when its oldest entry has waited ``max_wait_s``; the group holding the oldest entry goes
+  first, so no group starves;
+* a batch takes the group's entries in arrival order while they fit the token and fact budget;
+  the first entry always goes, so a request larger than the budget is served alone and never
+  split (a Write commits in one transaction).
+
+Arrival order is kept on purpose: writes to one namespace commit in the order they arrived.
+Padding is cut one layer down, where the runtime sorts a call's texts by token length and pads
+each length bucket only to its own longest text (``engine.runtime.base``).
+
+Time is whatever clock the caller passes in (the asyncio driver uses ``loop.time()``), which is
+what lets the unit tests drive the queue with synthetic requests and a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from engine.errors import InvalidInput
+
+__all__ = ["Batch", "Entry", "QueueSettings", "TokenBudgetQueue", "estimate_tokens"]
+
+P = TypeVar("P")
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token count for the budget: ~4 characters per WordPiece token, plus
+    ``[CLS]`` and ``[SEP]``. Cheap enough to run on the event loop for every fact."""
+    return len(text) // 4 + 2
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """How the dynamic batcher cuts batches. Every field is range-checked."""
+
+    max_batch_tokens: int = 16384
+    """Most (estimated) tokens in one model call. The runtime then cuts the call into padded
+    buckets of its own ``BatchSettings``; this bounds the latency one call adds to the queue."""
+    max_batch_facts: int = 256
+    """Most facts in one model call (and so in one ``Gate.triage`` call)."""
+    max_wait_s: float = 0.002
+    """How long the oldest entry may wait for company before a partial batch goes. The model
+    being busy is the main batching window; this only helps when it is idle."""
+
+    def __post_init__(self) -> None:
+        if not 16 <= self.max_batch_tokens <= 1 << 22:
+            raise InvalidInput(
+                f"max_batch_tokens must be in [16, 4194304], got {self.max_batch_tokens}"
+            )
+        if not 1 <= self.max_batch_facts <= 100_000:
+            raise InvalidInput(
+                f"max_batch_facts must be in [1, 100000], got {self.max_batch_facts}"
+            )
+        if not 0.0 <= self.max_wait_s <= 1.0:
+            raise InvalidInput(f"max_wait_s must be in [0, 1] seconds, got {self.max_wait_s}")
+
+
+@dataclass(eq=False)
+class Entry(Generic[P]):
+    """One request waiting for the model."""
+
+    payload: P
+    group: Hashable
+    """Entries of one group may share a model call; different groups never do."""
+    facts: int
+    tokens: int
+    enqueued: float
+    deadline: float | None = None
+    """Absolute time on the queue's clock after which the entry is dropped; None: no deadline."""
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        if self.facts < 1 or self.tokens < 0:
+            raise InvalidInput("an entry needs at least one fact and a non-negative token count")
+
+    def cancel(self) -> None:
+        """The caller gave up (client cancelled, deadline hit): skip it before the model."""
+        self.cancelled = True
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+@dataclass
+class Batch(Generic[P]):
+    """Entries of one group that go to the model together, in arrival order."""
+
+    group: Hashable
+    entries: list[Entry[P]]
+    facts: int
+    tokens: int
+    started: float
+
+
+@dataclass
+class _Group(Generic[P]):
+    entries: deque[Entry[P]] = field(default_factory=deque)
+    facts: int = 0
+    tokens: int = 0
+
+
+class TokenBudgetQueue(Generic[P]):
+    """Single-owner FIFO of entries per group, cut into batches by a token budget.
+
+    Not thread-safe: one owner (the asyncio driver) pushes and takes.
+    """
+
+    def __init__(self, settings: QueueSettings | None = None) -> None:
+        self.settings = settings or QueueSettings()
+        self._groups: OrderedDict[Hashable, _Group[P]] = OrderedDict()
+        self._facts = 0
+        self._tokens = 0
+        self._entries = 0
+
+    # -- observation ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Entries queued (cancelled ones included until the next ``take``)."""
+        return self._entries
+
+    @property
+    def pending_facts(self) -> int:
+        return self._facts
+
+    @property
+    def pending_tokens(self) -> int:
+        return self._tokens
+
+    # -- producer ---------------------------------------------------------------------------
+    def push(self, entry: Entry[P]) -> None:
+        group = self._groups.get(entry.group)
+        if group is None:
+            group = self._groups[entry.group] = _Group()
+        group.entries.append(entry)
+        group.facts += entry.facts
+        group.tokens += entry.tokens
+        self._facts += entry.facts
+        self._tokens += entry.tokens
+        self._entries += 1
+
+    # -- consumer ---------------------------------------------------------------------------
+    def wake_at(self) -> float | None:
+        """When the oldest entry's wait runs out (a partial batch becomes ready); None if empty.
+
+        A full group is ready at once; the driver calls :meth:`take` after every push anyway.
+        """
+        oldest = self._oldest()
+        return None if oldest is None else oldest[1].enqueued + self.settings.max_wait_s
+
+    def take(self, now: float, flush: bool = False) -> tuple[Batch[P] | None, list[Entry[P]]]:
+        """The next ready batch (or None), and the entries dropped as cancelled or expired.
+
+        ``flush``: every group is ready, waited or not (the server is draining)."""
+        dropped = self._purge(now)
+        oldest = self._oldest()
+        if oldest is None:
+            return None, dropped
+        key, head = oldest
+        waited = now - head.enqueued >= self.settings.max_wait_s
+        if flush or waited or self._full(self._groups[key]):
+            return self._cut(key, now), dropped
+        full = next((k for k, g in self._groups.items() if self._full(g)), None)
+        if full is not None:
+            return self._cut(full, now), dropped
+        return None, dropped
+
+    def drain(self) -> list[Entry[P]]:
+        """Remove and return every queued entry (the worker died; fail them all)."""
+        out = [e for g in self._groups.values() for e in g.entries]
+        self._groups.clear()
+        self._facts = self._tokens = self._entries = 0
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _full(self, group: _Group[P]) -> bool:
+        s = self.settings
+        return group.facts >= s.max_batch_facts or group.tokens >= s.max_batch_tokens
+
+    def _oldest(self) -> tuple[Hashable, Entry[P]] | None:
+        best: tuple[Hashable, Entry[P]] | None = None
+        for key, group in self._groups.items():
+            head = group.entries[0]
+            if best is None or head.enqueued < best[1].enqueued:
+                best = (key, head)
+        return best
+
+    def _remove(self, group: _Group[P], entry: Entry[P]) -> None:
+        group.facts -= entry.facts
+        group.tokens -= entry.tokens
+        self._facts -= entry.facts
+        self._tokens -= entry.tokens
+        self._entries -= 1
+
+    def _purge(self, now: float) -> list[Entry[P]]:
+        dropped: list[Entry[P]] = []
+        for key in list(self._groups):
+            group = self._groups[key]
+            if any(e.cancelled or e.expired(now) for e in group.entries):
+                keep: deque[Entry[P]] = deque()
+                for e in group.entries:
+                    if e.cancelled or e.expired(now):
+                        self._remove(group, e)
+                        dropped.append(e)
+                    else:
+                        keep.append(e)
+                group.entries = keep
+            if not group.entries:
+                del self._groups[key]
+        return dropped
+
+    def _cut(self, key: Hashable, now: float) -> Batch[P]:
+        s = self.settings
+        group = self._groups[key]
+        taken: list[Entry[P]] = []
+        facts = tokens = 0
+        while group.entries:
+            e = group.entries[0]
+            if taken and (
+                facts + e.facts > s.max_batch_facts or tokens + e.tokens > s.max_batch_tokens
+            ):
+                break
+            group.entries.popleft()
+            self._remove(group, e)
+            taken.append(e)
+            facts += e.facts
+            tokens += e.tokens
+        if not group.entries:
+            del self._groups[key]
+        return Batch(group=key, entries=taken, facts=facts, tokens=tokens, started=now)

@@ -1,0 +1,380 @@
+"""The grpc.aio server: wiring of gate, batcher, admission, interceptor, health and metrics.
+
+:class:`MemgateServer` is the async object (start / stop on the caller's loop);
+:func:`serve` runs one until SIGINT or SIGTERM (``memgate serve``); :class:`ServerThread`
+runs one on a private loop in a background thread (tests, benchmarks, embedding in a
+synchronous program).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from engine.errors import InvalidInput
+from engine.server.admission import Permits
+from engine.server.auth import Auth
+from engine.server.batcher import Batcher
+from engine.server.convert import Limits
+from engine.server.interceptor import ServiceInterceptor
+from engine.server.metrics import Metrics
+from engine.server.proto import SERVICE_NAME, pb_grpc
+from engine.server.queue import QueueSettings
+from engine.server.service import MemgateService, ModelWork, run_model_batch
+
+__all__ = ["MemgateServer", "ServerSettings", "ServerThread", "serve"]
+
+log = logging.getLogger("memgate.server")
+
+T = TypeVar("T")
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything ``memgate serve`` can be told. Every field is range-checked."""
+
+    host: str = "127.0.0.1"
+    """Address to bind; ``0.0.0.0`` or ``[::]`` to listen on every interface."""
+    port: int = 50051
+    """Port to bind; 0 picks a free one (see :attr:`MemgateServer.port`)."""
+    max_request_facts: int = 256
+    """Most facts in one Triage or Write request (more: INVALID_ARGUMENT)."""
+    limits: Limits = field(default_factory=Limits)
+    """Text and metadata size limits, checked before decoding."""
+    max_message_bytes: int = 16 << 20
+    """gRPC receive/send message size limit."""
+    max_queued_facts: int = 512
+    """Admission permits: facts queued or in the model at once. Beyond it, RESOURCE_EXHAUSTED.
+    Sized so a full queue drains in a few batches: accepted requests keep a bounded latency."""
+    max_queue_delay_s: float | None = 1.0
+    """Also bound the facts in flight by what the worker finishes in this many seconds at its
+    measured rate, so accepted requests queue about this long at most on any hardware (a fixed
+    count that suits a GPU queues minutes of work on a small CPU box). Lower it for a tighter
+    latency bound, at the cost of smaller batches. None: ``max_queued_facts`` only."""
+    min_admitted_facts: int = 16
+    """The queue-delay budget never tightens the bound below this many facts in flight: enough
+    for a useful batch when the machine is slow or busy."""
+    batching: QueueSettings = field(default_factory=QueueSettings)
+    backfill_window: int = 256
+    """Most facts of one Backfill stream in flight (queued or in the model)."""
+    io_threads: int = 4
+    """Threads for store work (Get, History, Forget, Undo, reviews)."""
+    grace_s: float = 10.0
+    """On shutdown, how long in-flight calls may run before they are cancelled."""
+    reflection: bool = False
+    """Serve gRPC reflection (grpcurl, evans)."""
+    metrics_port: int = 0
+    """Prometheus metrics over HTTP on this port; 0: off."""
+    metrics_host: str = "127.0.0.1"
+    tls_cert: bytes | None = None
+    """PEM certificate chain; with ``tls_key``, the port speaks TLS only."""
+    tls_key: bytes | None = None
+    exact_tokens: bool = False
+    """Count the batch budget with the embedder's tokenizer instead of the len/4 estimate."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (0 <= self.port <= 65535, "port must be in [0, 65535]"),
+            (1 <= self.max_request_facts <= 100_000, "max_request_facts must be in [1, 100000]"),
+            (
+                1 << 10 <= self.max_message_bytes <= 1 << 30,
+                "max_message_bytes must be in [1 KiB, 1 GiB]",
+            ),
+            (1 <= self.max_queued_facts <= 10_000_000, "max_queued_facts must be in [1, 10000000]"),
+            (
+                self.max_queued_facts >= self.max_request_facts,
+                "max_queued_facts must be at least max_request_facts, or a full request never fits",
+            ),
+            (1 <= self.backfill_window <= 100_000, "backfill_window must be in [1, 100000]"),
+            (
+                1 <= self.min_admitted_facts <= 10_000_000,
+                "min_admitted_facts must be in [1, 10000000]",
+            ),
+            (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
+            (0.0 <= self.grace_s <= 3600.0, "grace_s must be in [0, 3600]"),
+            (0 <= self.metrics_port <= 65535, "metrics_port must be in [0, 65535]"),
+            (
+                self.max_queue_delay_s is None or 0.0 < self.max_queue_delay_s <= 3600.0,
+                "max_queue_delay_s must be in (0, 3600] seconds, or None",
+            ),
+            ((self.tls_cert is None) == (self.tls_key is None), "tls_cert and tls_key go together"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(message)
+
+
+class MemgateServer:
+    """One gRPC server over one gate. Create, ``await start()``, ``await stop()``, on one loop."""
+
+    def __init__(
+        self,
+        gate: Any,
+        settings: ServerSettings | None = None,
+        *,
+        tokens: Mapping[str, Sequence[str]] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.gate = gate
+        self.settings = settings or ServerSettings()
+        s = self.settings
+        gate_max = int(getattr(getattr(gate, "settings", None), "max_batch", 1 << 30))
+        if max(s.max_request_facts, s.batching.max_batch_facts) > gate_max:
+            raise InvalidInput(
+                "max_request_facts and max_batch_facts must not exceed the gate's max_batch "
+                f"({gate_max})"
+            )
+        self.auth = Auth(tokens)
+        self.metrics = metrics or Metrics()
+        self._interceptor = ServiceInterceptor(SERVICE_NAME, self.auth, self.metrics)
+        self.permits = Permits(
+            s.max_queued_facts, max_delay_s=s.max_queue_delay_s, min_limit=s.min_admitted_facts
+        )
+        self.health = health_aio.HealthServicer()
+        self.port: int | None = None
+        self.metrics_port: int | None = None
+        self._model = ThreadPoolExecutor(1, thread_name_prefix="memgate-model")
+        self._io = ThreadPoolExecutor(s.io_threads, thread_name_prefix="memgate-store")
+        self._server: grpc.aio.Server | None = None
+        self._stopping: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self.batcher: Batcher[ModelWork, Any] = Batcher(
+            lambda group, works: run_model_batch(gate, group, works),
+            s.batching,
+            executor=self._model,
+            on_dead=self._worker_died,
+            on_batch=self._batch_done,
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> int:
+        """Bind, start serving, and return the bound port."""
+        s = self.settings
+        self._loop = asyncio.get_running_loop()
+        if not self.auth.enabled:
+            log.warning("no tokens file: authentication is OFF, every namespace is open")
+        self.batcher.start()
+        counter = None
+        embedder = getattr(self.gate, "embedder", None)
+        if s.exact_tokens and hasattr(embedder, "token_lengths"):
+            counter = embedder.token_lengths  # type: ignore[union-attr]
+        service = MemgateService(
+            self.gate,
+            self.batcher,
+            self.permits,
+            self._io,
+            limits=s.limits,
+            max_request_facts=s.max_request_facts,
+            backfill_window=s.backfill_window,
+            token_counter=counter,
+            metrics=self.metrics,
+        )
+        options = [
+            ("grpc.max_receive_message_length", s.max_message_bytes),
+            ("grpc.max_send_message_length", s.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(interceptors=[self._interceptor], options=options)
+        pb_grpc.add_MemgateServicer_to_server(service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        if s.reflection:
+            from grpc_reflection.v1alpha import reflection
+
+            names = (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            )
+            reflection.enable_server_reflection(names, server)
+        address = f"{s.host}:{s.port}"
+        if s.tls_cert is not None and s.tls_key is not None:
+            creds = grpc.ssl_server_credentials([(s.tls_key, s.tls_cert)])
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        if not self.port:
+            raise InvalidInput(f"could not bind {address}")
+        self.metrics.watch(
+            lambda: self.batcher.pending_facts,
+            lambda: self.permits.in_use,
+            lambda: self.permits.current_limit,
+        )
+        if s.metrics_port:
+            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, SERVING)
+        log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "address": f"{s.host}:{self.port}",
+                    "tls": s.tls_cert is not None,
+                    "auth": self.auth.enabled,
+                    "metrics_port": self.metrics_port,
+                }
+            },
+        )
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: health NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls
+        finish within ``grace`` seconds (default: settings) and are cancelled after it; then
+        the worker and the threads stop. Idempotent: a second call waits for the first."""
+        if self._stopping is None:
+            self._stopping = asyncio.get_running_loop().create_task(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
+        grace = self.settings.grace_s if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        drained = await self._interceptor.drain(grace)
+        log.info(
+            "draining",
+            extra={"fields": {"drained": drained, "in_flight": self._interceptor.in_flight}},
+        )
+        if self._server is not None:
+            await self._server.stop(0.5 if drained else 0)
+        await self.batcher.close()
+        self._model.shutdown(wait=True)
+        self._io.shutdown(wait=True)
+        self.metrics.close()
+        log.info("stopped")
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    @property
+    def serving(self) -> bool:
+        return self._stopping is None and self.batcher.alive
+
+    def _batch_done(self, batch: Any, seconds: float) -> None:
+        self.permits.observe(batch.facts, seconds)
+        self.metrics.observe_batch(batch.facts, len(batch.entries))
+
+    def _worker_died(self, exc: BaseException) -> None:
+        log.error("the model worker died; health is NOT_SERVING until restart")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for name in ("", SERVICE_NAME):
+            task = loop.create_task(self.health.set(name, NOT_SERVING))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+
+def serve(
+    gate: Any, settings: ServerSettings, *, tokens: Mapping[str, Sequence[str]] | None = None
+) -> int:
+    """Serve until SIGINT or SIGTERM, then drain for ``settings.grace_s``. Blocking."""
+
+    async def main() -> None:
+        server = MemgateServer(gate, settings, tokens=tokens)
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        waiter = loop.create_task(server.wait())
+        stopper = loop.create_task(stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        log.info("shutting down", extra={"fields": {"grace_s": settings.grace_s}})
+        await server.stop()
+        for task in (waiter, stopper):
+            task.cancel()
+
+    asyncio.run(main())
+    return 0
+
+
+class ServerThread:
+    """A :class:`MemgateServer` on its own event loop in a daemon thread.
+
+    ``with ServerThread(gate, settings) as st: MemgateClient(st.target)...``; ``stop(grace)``
+    drains like the real thing. :meth:`call` runs a coroutine on the server's loop.
+    """
+
+    def __init__(
+        self,
+        gate: Any,
+        settings: ServerSettings | None = None,
+        *,
+        tokens: Mapping[str, Sequence[str]] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="memgate-server", daemon=True
+        )
+        self._build = lambda: MemgateServer(gate, settings, tokens=tokens, metrics=metrics)
+        self.server: MemgateServer | None = None
+        self.port: int | None = None
+
+    @property
+    def target(self) -> str:
+        assert self.server is not None and self.port is not None
+        return f"{self.server.settings.host}:{self.port}"
+
+    def start(self) -> int:
+        self._thread.start()
+
+        async def boot() -> int:
+            self.server = self._build()
+            return await self.server.start()
+
+        self.port = self.call(boot)
+        return self.port
+
+    def call(self, fn: Callable[[], Coroutine[Any, Any, T]], timeout: float | None = 60) -> T:
+        """Run ``fn()`` on the server loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(fn(), self._loop).result(timeout)
+
+    def stop_async(self, grace: float | None = None) -> Any:
+        """Begin a graceful stop; returns a ``concurrent.futures.Future`` that ends with it."""
+        assert self.server is not None
+        server = self.server
+        return asyncio.run_coroutine_threadsafe(server.stop(grace), self._loop)
+
+    def stop(self, grace: float | None = 0.0, timeout: float | None = 120) -> None:
+        """Drain (``grace`` seconds), cancel what is left on the loop, and end the thread."""
+        if not self._thread.is_alive():
+            return
+        if self.server is not None:
+            self.stop_async(grace).result(timeout)
+
+        async def sweep() -> None:
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await self._loop.shutdown_asyncgens()
+
+        self.call(sweep, timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
