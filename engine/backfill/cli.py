@@ -1,0 +1,356 @@
+"""``memgate backfill``: load a file of facts through the gate, resumably.
+
+::
+
+    memgate backfill --input facts.jsonl[.gz] | rows.csv | rows.parquet
+                     [--map namespace=ns_col,text=body,kind=k,key=attr,metadata=meta,id=row_id]
+                     [--namespace NS] [--policy strict|review] [--dry-run] [--batch 256]
+                     [--on-error skip|fail] [--audit FILE] [--checkpoint FILE]
+                     [--target host:port [--token T] [--tls | --tls-ca PEM]]
+                     [--data-dir DIR ...engine flags]
+
+In process by default (the store in ``--data-dir``); with ``--target`` through a running
+``memgate serve`` (the streaming Backfill RPC). Ctrl-C stops after the batch in flight, and the
+same command resumes; so does a ``kill -9`` (see :mod:`engine.backfill.checkpoint`). The audit
+file and the checkpoint default to ``<data dir>/backfill/<input name>.<digest>.*``, the digest
+naming the input's path and the destination.
+
+Like ``engine.cli``, this edge reads the environment (``MEMGATE_TOKEN``) and installs signal
+handlers; nothing below it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from engine.errors import InvalidInput, MemgateError
+
+__all__ = ["register"]
+
+_INTERRUPTED = 130
+
+
+def register(subparsers: Any) -> None:
+    """Add ``backfill`` to ``memgate``'s subcommands."""
+    from engine.cli import _add_engine_flags
+
+    p = subparsers.add_parser(
+        "backfill",
+        help="load a JSONL / CSV / Parquet file through the gate (resumable)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--input", required=True, help="JSON Lines (.jsonl, .gz), CSV/TSV or Parquet")
+    p.add_argument("--format", choices=["jsonl", "csv", "tsv", "parquet"], help="default: by name")
+    p.add_argument(
+        "--map",
+        dest="field_map",
+        help="field=column pairs: namespace, text, kind, key, metadata, id, source "
+        "(default: the field's own name; field= switches one off)",
+    )
+    p.add_argument("--namespace", help="namespace of rows that have none")
+    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--dry-run", action="store_true", help="decide only: store nothing")
+    p.add_argument("--batch", type=int, default=256, help="facts per gate batch (default 256)")
+    p.add_argument(
+        "--on-error",
+        choices=["skip", "fail"],
+        default="skip",
+        help="a bad row is reported and skipped (default), or stops the job",
+    )
+    p.add_argument("--audit", help="audit JSON Lines (default: under <data dir>/backfill/)")
+    p.add_argument("--checkpoint", help="checkpoint file (default: under <data dir>/backfill/)")
+    p.add_argument(
+        "--resume-changed",
+        action="store_true",
+        help="resume although the input's first 64 KiB changed (you fixed rows after the "
+        "checkpoint)",
+    )
+    p.add_argument(
+        "--progress",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="progress bar on stderr (auto: when stderr is a terminal)",
+    )
+    remote = p.add_argument_group("remote (through memgate serve)")
+    remote.add_argument("--target", help="host:port of memgate serve (default: in process)")
+    remote.add_argument(
+        "--token", default=os.environ.get("MEMGATE_TOKEN"), help="API token ($MEMGATE_TOKEN)"
+    )
+    remote.add_argument("--tls", action="store_true", help="TLS with the system roots")
+    remote.add_argument("--tls-ca", help="PEM root certificate to trust (implies --tls)")
+    remote.add_argument("--tls-server-name", help="name to check the certificate against")
+    _add_engine_flags(p)
+    p.set_defaults(func=cmd_backfill)
+
+
+# -- the command ---------------------------------------------------------------------------------
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from engine.backfill.job import BackfillSettings, GateDecider, Job, Source, StreamDecider
+    from engine.backfill.readers import columns
+    from engine.backfill.rows import parse_map
+
+    settings = BackfillSettings(
+        policy=args.policy,
+        dry_run=args.dry_run,
+        batch=args.batch,
+        on_error=args.on_error,
+        fields=parse_map(args.field_map),
+        default_namespace=args.namespace,
+        resume_changed=args.resume_changed,
+    )
+    source = Source.open(Path(args.input), args.format)
+    _check_columns(columns(source.path, source.format, source.gzip), settings)
+    destination = f"grpc:{args.target}" if args.target else f"local:{Path(args.data_dir).resolve()}"
+    audit, checkpoint = _paths(args, source.path, destination)
+    stop = threading.Event()
+    with _signals(stop):
+        job = Job(
+            source,
+            settings,
+            destination=destination,
+            audit=audit,
+            checkpoint=checkpoint,
+            stop=stop,
+            progress=_progress(args.progress, source.total),
+        )
+        previous = job.preflight()  # a wrong command fails before the models load
+        if previous is not None and previous.done_line:
+            print(
+                f"memgate backfill: resuming after line {previous.done_line:,} "
+                f"({previous.rows:,} rows done; checkpoint {checkpoint})",
+                file=sys.stderr,
+            )
+        try:
+            if args.target:
+                with _client(args) as client:
+                    result = job.run(StreamDecider(client, args.policy, dry_run=args.dry_run))
+            else:
+                from engine.app import open_engine
+                from engine.cli import _engine_settings
+
+                with open_engine(_engine_settings(args)) as eng:
+                    job.settings = _with_limits(settings, eng.gate.settings)
+                    decider = GateDecider(eng.gate, args.policy, apply=not args.dry_run)
+                    result = job.run(decider)
+        except KeyboardInterrupt:
+            print(
+                "\nmemgate backfill: aborted. Every row up to the last checkpoint is applied "
+                "exactly once; run the same command again to resume.",
+                file=sys.stderr,
+            )
+            return _INTERRUPTED
+        except MemgateError as exc:
+            if not args.dry_run and not isinstance(exc, InvalidInput):
+                exc.args = (
+                    f"{exc} (the checkpoint {checkpoint} holds every row done: "
+                    "run the same command again to resume)",
+                )
+            raise
+    print(summary(result, source.path, destination, args.policy, args.dry_run))
+    if result.status == "stopped":
+        print(
+            f"memgate backfill: interrupted; every row up to line {result.done_line:,} is "
+            "applied. Run the same command again to resume.",
+            file=sys.stderr,
+        )
+        return _INTERRUPTED
+    if result.status == "failed":
+        assert result.failed is not None
+        print(
+            f"memgate backfill: {source.path.name}:{result.failed.line}: {result.failed.error}. "
+            "The rows before it are applied; fix the row (or pass --on-error skip) and run the "
+            "same command again.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _with_limits(settings: Any, gate_settings: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(settings, limits=gate_settings)
+
+
+def _check_columns(names: list[str] | None, settings: Any) -> None:
+    """CSV headers and Parquet schemas are known up front: a wrong --map fails now, not as
+    one bad row per line."""
+    if names is None:
+        return
+    fmap = settings.fields
+    if fmap.text not in names:
+        raise InvalidInput(f"the input has no text column {fmap.text!r} (columns: {names})")
+    if fmap.namespace not in names and settings.default_namespace is None:
+        raise InvalidInput(
+            f"the input has no namespace column {fmap.namespace!r} (columns: {names}): "
+            "map one (--map namespace=COLUMN) or give --namespace"
+        )
+
+
+def _paths(args: argparse.Namespace, source: Path, destination: str) -> tuple[Path, Path]:
+    digest = hashlib.sha256(f"{source}\0{destination}".encode()).hexdigest()[:10]
+    base = Path(args.data_dir) / "backfill" / f"{source.name}.{digest}"
+    dry = ".dry-run" if args.dry_run else ""
+    audit = Path(args.audit) if args.audit else base.with_name(base.name + f"{dry}.audit.jsonl")
+    checkpoint = (
+        Path(args.checkpoint) if args.checkpoint else base.with_name(base.name + ".checkpoint.json")
+    )
+    return audit.resolve(), checkpoint.resolve()
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from engine.client import MemgateClient
+
+    tls: bool | bytes = Path(args.tls_ca).read_bytes() if args.tls_ca else bool(args.tls)
+    # No deadline: a backfill stream lives as long as the file takes.
+    return MemgateClient(
+        args.target,
+        token=args.token or None,
+        tls=tls,
+        tls_server_name=args.tls_server_name,
+        timeout=None,
+    )
+
+
+@contextmanager
+def _signals(stop: threading.Event) -> Iterator[None]:
+    """First SIGINT / SIGTERM: stop after the batch in flight. Second SIGINT: abort now."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            "\nmemgate backfill: stopping after the batch in flight "
+            "(Ctrl-C again to abort now; either way the same command resumes)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+# -- progress ------------------------------------------------------------------------------------
+class _Bar:
+    """tqdm on stderr: facts/s, ETA when the row count is known, decisions so far."""
+
+    def __init__(self, total: int | None) -> None:
+        self._total = total
+        self._bar: Any = None
+        self._shown = 0.0
+        self._postfix = ""
+
+    def update(self, position: int, postfix: str) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=self._total,
+                initial=position,
+                unit="fact",
+                desc="backfill",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5,
+                smoothing=0.1,
+            )
+        if position > self._bar.n:
+            self._bar.update(position - self._bar.n)
+        self._postfix = postfix
+        now = time.monotonic()
+        if now - self._shown >= 0.5:
+            self._shown = now
+            self._bar.set_postfix_str(postfix, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix, refresh=True)
+            self._bar.close()
+            self._bar = None
+
+
+def _progress(mode: str, total: int | None) -> Any:
+    if mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
+        return None
+    return _Bar(total)
+
+
+# -- summary -------------------------------------------------------------------------------------
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[f"{c:,}" if isinstance(c, int) else str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str], numeric: Sequence[bool]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    kinds = [isinstance(c, int) for c in rows[0]] if rows else [False] * len(headers)
+    out = [line(headers, kinds), line(["-" * w for w in widths], kinds)]
+    out += [line(r, kinds) for r in cells]
+    return "\n".join(out)
+
+
+def summary(result: Any, source: Path, destination: str, policy: str, dry_run: bool) -> str:
+    """The end-of-job report: totals, decisions per policy and kind, top namespaces."""
+    from engine.backfill.audit import AUDIT_ACTIONS
+
+    tally = result.tally
+    rate = result.rows_this_run / result.seconds if result.seconds > 0 else 0.0
+    head = [
+        f"backfill {source.name} -> {destination} (policy {policy}"
+        + (", dry run: nothing stored)" if dry_run else ")"),
+        f"  {tally.rows:,} rows in the job; this run {result.rows_this_run:,} rows in "
+        f"{result.seconds:,.1f} s ({rate:,.1f} facts/s)"
+        + (f", resumed after line {result.resumed_after:,}" if result.resumed_after else ""),
+    ]
+    if result.replayed_this_run:
+        head.append(
+            f"  {result.replayed_this_run:,} rows replayed: applied by the run that was "
+            "stopped, not applied again"
+        )
+    if result.audit_incomplete:
+        head.append("  note: the audit file was shorter than the checkpoint said; it lacks rows")
+    head.append(f"  audit: {result.audit}")
+    if result.checkpoint is not None:
+        head.append(f"  checkpoint: {result.checkpoint}")
+    groups = sorted({(p, k) for p, k, _ in tally.by_kind})
+    rows: list[list[Any]] = []
+    for p, k in groups:
+        counts = [tally.by_kind.get((p, k, a), 0) for a in AUDIT_ACTIONS]
+        rows.append([p, k, *counts, sum(counts)])
+    totals = [tally.actions.get(a, 0) for a in AUDIT_ACTIONS]
+    rows.append(["total", "", *totals, sum(totals)])
+    out = head + ["", _table(["policy", "kind", *AUDIT_ACTIONS, "rows"], rows)]
+    if tally.namespaces:
+        top = tally.namespaces.most_common(10)
+        facts = sum(tally.namespaces.values())
+        ns_rows = [[ns, n, f"{100 * n / facts:.1f}%"] for ns, n in top]
+        more = len(tally.namespaces) - len(top)
+        out += [
+            "",
+            f"top namespaces by facts ({len(tally.namespaces):,} namespaces"
+            + (f", {more:,} more not shown)" if more > 0 else ")"),
+            _table(["namespace", "facts", "share"], ns_rows),
+        ]
+    return "\n".join(out)
