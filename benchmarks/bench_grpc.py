@@ -1,0 +1,695 @@
+"""Serving benchmark: the gRPC server under load, against in-process batch triage in the same run.
+
+1. **Baseline**: 1,000 memories over ``--namespaces`` namespaces are stored; then the gate triages
+   a pool of incoming facts (updates, paraphrases, new facts) in-process, in batches of 64:
+   facts/s with no server, no queue, no network. It is measured again after the load, and the
+   mean of both is the baseline (their difference shows how busy the machine was meanwhile).
+2. **Served**: the same store is served by ``memgate serve`` in a subprocess (its own
+   interpreter, so the load generator does not share its GIL), and a grpc.aio load generator
+   sends the same facts as ``Triage`` dry runs (the store never changes, so every phase sees the
+   same data):
+
+   * *closed loop*: 32 concurrent clients, one fact per call: facts/s, and the ratio to the
+     baseline (target >= 0.8);
+   * *open loop*: Poisson arrivals of single facts and small batches (2-8) at a sweep of offered
+     loads, from a quarter of that capacity to twice it: throughput, p50/p95/p99 latency and the
+     share shed with RESOURCE_EXHAUSTED. At 2x, the p99 of accepted calls is compared with the
+     unloaded p99 (the lowest offered load) (target <= 2x).
+
+Prints a table, writes JSON (git sha, machine, settings, figures) and a PNG to
+``benchmarks/results/``. ``--quick`` takes one to two minutes.
+
+    MEMGATE_HOME=~/.cache/memgate python benchmarks/bench_grpc.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+SUBJECTS = [
+    "The customer",
+    "Alice",
+    "Bob",
+    "The CTO",
+    "The support lead",
+    "Priya",
+    "The finance team",
+    "Marco",
+    "The warehouse manager",
+    "Yuki",
+]
+ATTRIBUTES = [
+    ("office is in", ["Denver", "Chicago", "Austin", "Boston", "Seattle", "Lisbon", "Osaka"]),
+    ("preferred contact channel is", ["email", "phone", "Slack", "SMS", "video calls"]),
+    ("favourite lunch is", ["ramen", "tacos", "a salad", "falafel", "pizza", "sushi"]),
+    ("team has", ["4 people", "12 people", "30 people", "7 people", "55 people"]),
+    ("timezone is", ["UTC", "UTC+1", "UTC-5", "UTC+9", "UTC-8"]),
+    ("laptop is", ["a ThinkPad", "a MacBook Pro", "a Dell XPS", "a Framework"]),
+    ("weekly meeting is on", ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]),
+    ("budget this quarter is", ["$10,000", "$25,000", "$80,000", "$120,000"]),
+    ("main project is", ["the billing migration", "the mobile app", "the data lake", "SSO"]),
+    ("car is", ["a red Volvo", "a blue Tesla", "a grey Toyota", "a bicycle"]),
+]
+NEW_TOPICS = [
+    "is learning to play the cello",
+    "ran a half marathon last spring",
+    "keeps bees on the roof",
+    "collects vintage maps",
+    "is allergic to peanuts",
+    "volunteers at the food bank",
+    "speaks fluent Portuguese",
+    "restores old motorbikes",
+    "writes a newsletter about tea",
+]
+
+
+# -- data -----------------------------------------------------------------------------------------
+def possessive(subject: str) -> str:
+    return subject + "'s" if not subject.endswith("team") else subject + "'s"
+
+
+def build_data(
+    namespaces: int, memories: int, incoming: int, seed: int
+) -> tuple[list[Any], list[Any]]:
+    """``memories`` stored facts over ``namespaces``; ``incoming`` facts to triage: about half
+    updates of a stored attribute, a quarter paraphrases (duplicates), a quarter new facts."""
+    from engine.types import Fact
+
+    rng = random.Random(seed)
+    per_ns = max(1, memories // namespaces)
+    stored: list[Fact] = []
+    slots: list[tuple[str, str, str, list[str], str]] = []
+    for n in range(namespaces):
+        ns = f"bench/tenant-{n:03d}"
+        pairs = [(s, a) for s in SUBJECTS for a in ATTRIBUTES]
+        rng.shuffle(pairs)
+        for subject, (attr, values) in pairs[:per_ns]:
+            value = rng.choice(values)
+            stored.append(Fact(ns, f"{possessive(subject)} {attr} {value}."))
+            slots.append((ns, subject, attr, values, value))
+    incoming_facts: list[Fact] = []
+    for _ in range(incoming):
+        ns, subject, attr, values, value = rng.choice(slots)
+        roll = rng.random()
+        if roll < 0.5:
+            other = rng.choice([v for v in values if v != value] or values)
+            text = f"{possessive(subject)} {attr} {other} now."
+        elif roll < 0.75:
+            text = f"As noted, {possessive(subject).lower()} {attr} {value}."
+        else:
+            text = f"{subject} {rng.choice(NEW_TOPICS)}."
+        incoming_facts.append(Fact(ns, text))
+    return stored, incoming_facts
+
+
+# -- baseline -------------------------------------------------------------------------------------
+def engine_settings(args: argparse.Namespace, data_dir: Path) -> Any:
+    from engine.app import EngineSettings
+
+    return EngineSettings(data_dir=data_dir, cache_dir=Path(args.cache_dir))
+
+
+def baseline(
+    args: argparse.Namespace, db: Path, stored: list[Any], incoming: list[Any], seconds: float
+) -> dict[str, Any]:
+    """In-process ``gate.triage`` in batches of 64 for ``seconds`` (storing ``stored`` first)."""
+    from engine.app import open_engine
+
+    with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
+        gate = eng.gate
+        t0 = time.perf_counter()
+        for i in range(0, len(stored), 256):
+            gate.ingest(stored[i : i + 256])
+        ingest_s = time.perf_counter() - t0
+        if stored:
+            print(f"  stored {len(stored)} memories in {ingest_s:.1f}s", flush=True)
+        gate.triage(incoming[:64])  # warm the indexes and the sessions
+        facts = 0
+        pairs = 0
+        actions: dict[str, int] = {}
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+        i = 0
+        while time.perf_counter() < deadline:
+            batch = [incoming[(i + j) % len(incoming)] for j in range(64)]
+            i += 64
+            result = gate.triage(batch)
+            facts += len(batch)
+            pairs += result.nli_pairs
+            for d in result.decisions:
+                actions[d.action] = actions.get(d.action, 0) + 1
+        elapsed = time.perf_counter() - t0
+        models = {
+            "embedder": gate.embedder.manifest.describe(),  # type: ignore[attr-defined]
+            "nli": gate.nli.manifest.describe(),  # type: ignore[attr-defined]
+        }
+    return {
+        "facts_per_s": facts / elapsed,
+        "facts": facts,
+        "seconds": elapsed,
+        "nli_pairs_per_fact": pairs / max(facts, 1),
+        "actions": actions,
+        "ingest_s": ingest_s,
+        "models": models,
+    }
+
+
+# -- the server subprocess ------------------------------------------------------------------------
+def serve_main(args: argparse.Namespace) -> int:
+    """``--serve``: open the store, serve it on a free port, print the port, run until SIGTERM."""
+    from engine.app import open_engine
+    from engine.server.queue import QueueSettings
+    from engine.server.server import MemgateServer, ServerSettings
+
+    settings = ServerSettings(
+        port=0,
+        max_queued_facts=args.max_queued_facts,
+        max_queue_delay_s=args.max_queue_delay_ms / 1000 if args.max_queue_delay_ms else None,
+        batching=QueueSettings(
+            max_batch_facts=args.max_batch_facts, max_wait_s=args.max_wait_ms / 1000
+        ),
+        metrics_port=args.metrics_port,
+        grace_s=2.0,
+    )
+    db = Path(args.db)
+
+    async def main() -> None:
+        with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
+            server = MemgateServer(eng.gate, settings)
+            port = await server.start()
+            print(f"PORT {port}", flush=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGTERM, stop.set)
+            await stop.wait()
+            await server.stop(1.0)
+
+    asyncio.run(main())
+    return 0
+
+
+class ServerProcess:
+    def __init__(self, args: argparse.Namespace, db: Path, metrics_port: int) -> None:
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--serve",
+            "--db",
+            str(db),
+            "--cache-dir",
+            args.cache_dir,
+            "--metrics-port",
+            str(metrics_port),
+            "--max-queued-facts",
+            str(args.max_queued_facts),
+            "--max-queue-delay-ms",
+            str(args.max_queue_delay_ms),
+            "--max-batch-facts",
+            str(args.max_batch_facts),
+            "--max-wait-ms",
+            str(args.max_wait_ms),
+        ]
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+        )
+        self.metrics_port = metrics_port
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.proc.kill()
+            raise SystemExit("the server subprocess did not start (run it with --serve to see why)")
+        self.port = int(line.split()[1])
+
+    def batch_stats(self) -> tuple[float, float]:
+        """(sum of facts, count of batches) from the server's Prometheus endpoint."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            text = resp.read().decode()
+        total = count = 0.0
+        for family in text_string_to_metric_families(text):
+            if family.name == "memgate_batch_facts":
+                for s in family.samples:
+                    if s.name.endswith("_sum"):
+                        total = s.value
+                    elif s.name.endswith("_count"):
+                        count = s.value
+        return total, count
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+# -- load -----------------------------------------------------------------------------------------
+@dataclass
+class Phase:
+    name: str
+    offered: float | None
+    """Offered facts/s (open loop); None for the closed loop."""
+    seconds: float
+    calls: int
+    ok_calls: int
+    shed_calls: int
+    other_errors: int
+    ok_facts: int
+    throughput: float
+    """Facts/s answered OK."""
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    shed_share: float
+    mean_batch_facts: float
+    queue_ms_mean: float
+
+
+def _pct(lat: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(lat) * 1000, q)) if lat else float("nan")
+
+
+class Load:
+    def __init__(self, port: int, incoming: list[Any], channels: int, seed: int) -> None:
+        self.port = port
+        self.incoming = incoming
+        self.channels_n = channels
+        self.rng = random.Random(seed)
+        self.cursor = 0
+
+    async def __aenter__(self) -> Load:
+        import grpc
+
+        from engine.server import convert
+        from engine.server.proto import pb, pb_grpc
+
+        self.grpc, self.pb, self.convert = grpc, pb, convert
+        self.channels = [
+            grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") for _ in range(self.channels_n)
+        ]
+        self.stubs = [pb_grpc.MemgateStub(ch) for ch in self.channels]
+        self.encoded = [convert.fact_to_pb(f) for f in self.incoming]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for ch in self.channels:
+            await ch.close()
+
+    def request(self, size: int) -> Any:
+        facts = [self.encoded[(self.cursor + j) % len(self.encoded)] for j in range(size)]
+        self.cursor += size
+        return self.pb.TriageRequest(facts=facts)
+
+    async def call(self, size: int, out: list[tuple[float, str, int, float]]) -> None:
+        stub = self.stubs[self.rng.randrange(len(self.stubs))]
+        request = self.request(size)
+        t0 = time.perf_counter()
+        queue = 0.0
+        try:
+            response = await stub.Triage(request, timeout=30)
+            code = "OK"
+            queue = response.timings.queue
+        except self.grpc.aio.AioRpcError as err:
+            code = err.code().name
+        out.append((time.perf_counter() - t0, code, size, queue))
+
+    async def closed(self, clients: int, seconds: float) -> tuple[list[Any], float]:
+        """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms."""
+        out: list[tuple[float, str, int, float]] = []
+        end = time.perf_counter() + seconds
+
+        async def client() -> None:
+            while time.perf_counter() < end:
+                await self.call(1, out)
+                if out[-1][1] == "RESOURCE_EXHAUSTED":
+                    await asyncio.sleep(0.05 + 0.05 * self.rng.random())
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return out, time.perf_counter() - t0
+
+    async def open(
+        self, facts_per_s: float, seconds: float, batch_share: float, min_calls: int
+    ) -> tuple[list[Any], float]:
+        """Poisson arrivals: single facts, or with probability ``batch_share`` 2-8 facts. Runs
+        ``seconds``, stretched (up to 3x) so that at least ``min_calls`` calls are sent.
+        Returns the calls and the time from the first send to the last answer."""
+        out: list[tuple[float, str, int, float]] = []
+        tasks: list[asyncio.Task[None]] = []
+        mean_size = 1 + batch_share * 4.0
+        rate = facts_per_s / mean_size  # calls/s
+        window = min(max(seconds, min_calls / rate), 3 * seconds)
+        arrivals = []
+        t = self.rng.expovariate(rate)
+        while t < window:
+            arrivals.append(t)
+            t += self.rng.expovariate(rate)
+        t0 = time.perf_counter()
+        for at in arrivals:
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            size = self.rng.randint(2, 8) if self.rng.random() < batch_share else 1
+            tasks.append(asyncio.ensure_future(self.call(size, out)))
+        if tasks:
+            await asyncio.gather(*tasks)
+        return out, max(window, time.perf_counter() - t0)
+
+
+def summarise(
+    name: str, offered: float | None, out: list[Any], seconds: float, batch: tuple[float, float]
+) -> Phase:
+    ok = [r for r in out if r[1] == "OK"]
+    shed = [r for r in out if r[1] == "RESOURCE_EXHAUSTED"]
+    lat = [r[0] for r in ok]
+    ok_facts = sum(r[2] for r in ok)
+    return Phase(
+        name=name,
+        offered=offered,
+        seconds=seconds,
+        calls=len(out),
+        ok_calls=len(ok),
+        shed_calls=len(shed),
+        other_errors=len(out) - len(ok) - len(shed),
+        ok_facts=ok_facts,
+        throughput=ok_facts / seconds if seconds else 0.0,
+        p50_ms=_pct(lat, 50),
+        p95_ms=_pct(lat, 95),
+        p99_ms=_pct(lat, 99),
+        shed_share=len(shed) / len(out) if out else 0.0,
+        mean_batch_facts=batch[0] / batch[1] if batch[1] else 0.0,
+        queue_ms_mean=float(np.mean([r[3] for r in ok]) * 1000) if ok else float("nan"),
+    )
+
+
+async def run_load(
+    args: argparse.Namespace, server: ServerProcess, incoming: list[Any]
+) -> list[Phase]:
+    phases: list[Phase] = []
+
+    def delta(before: tuple[float, float]) -> tuple[float, float]:
+        after = server.batch_stats()
+        return after[0] - before[0], after[1] - before[1]
+
+    async with Load(server.port, incoming, args.channels, args.seed) as load:
+        await load.closed(8, 2.0)  # warm up the connections and the server
+        print(f"  closed loop: {args.clients} clients x 1 fact, {args.phase_s:.0f}s", flush=True)
+        before = server.batch_stats()
+        out, secs = await load.closed(args.clients, args.phase_s)
+        closed = summarise(f"closed-{args.clients}", None, out, secs, delta(before))
+        phases.append(closed)
+        capacity = closed.throughput
+        for mult in args.loads:
+            offered = capacity * mult
+            print(
+                f"  open loop: {mult:.2f}x capacity = {offered:.0f} facts/s, {args.phase_s:.0f}s",
+                flush=True,
+            )
+            before = server.batch_stats()
+            out, secs = await load.open(offered, args.phase_s, args.batch_share, args.min_calls)
+            phases.append(summarise(f"open-{mult:.2f}x", offered, out, secs, delta(before)))
+    return phases
+
+
+# -- report ---------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import onnxruntime
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "onnxruntime": onnxruntime.__version__,
+    }
+
+
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (sha or "no-commit") + ("-dirty" if dirty else "")
+
+
+def table(base: dict[str, Any], phases: list[Phase]) -> str:
+    head = (
+        f"{'phase':<14}{'offered/s':>10}{'served/s':>10}{'p50 ms':>9}{'p95 ms':>9}"
+        f"{'p99 ms':>9}{'shed':>8}{'batch':>7}{'queue ms':>10}"
+    )
+    rows = [head, "-" * len(head)]
+    rows.append(
+        f"{'in-process':<14}{'':>10}{base['facts_per_s']:>10.1f}{'':>9}{'':>9}{'':>9}"
+        f"{'':>8}{64:>7}{'':>10}"
+    )
+    for p in phases:
+        offered = f"{p.offered:.0f}" if p.offered is not None else "closed"
+        rows.append(
+            f"{p.name:<14}{offered:>10}{p.throughput:>10.1f}{p.p50_ms:>9.1f}{p.p95_ms:>9.1f}"
+            f"{p.p99_ms:>9.1f}{p.shed_share:>8.1%}{p.mean_batch_facts:>7.1f}{p.queue_ms_mean:>10.1f}"
+        )
+    return "\n".join(rows)
+
+
+def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    opened = [p for p in phases if p.offered is not None]
+    x = [p.offered for p in opened]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax1.plot(x, [p.throughput for p in opened], "o-", label="served (OK facts/s)")
+    ax1.plot(x, x, ":", color="grey", label="offered")
+    ax1.axhline(base["facts_per_s"], color="tab:red", ls="--", label="in-process batch-64")
+    ax1.set_xlabel("offered load (facts/s)")
+    ax1.set_ylabel("facts/s")
+    ax1.set_title("throughput")
+    ax1b = ax1.twinx()
+    ax1b.plot(x, [100 * p.shed_share for p in opened], "s--", color="tab:orange", label="shed %")
+    ax1b.set_ylabel("shed with RESOURCE_EXHAUSTED (%)")
+    ax1.legend(loc="upper left", fontsize=8)
+    for q, style in (("p50_ms", "o-"), ("p95_ms", "s-"), ("p99_ms", "^-")):
+        ax2.plot(x, [getattr(p, q) for p in opened], style, label=q.replace("_ms", ""))
+    ax2.set_xlabel("offered load (facts/s)")
+    ax2.set_ylabel("latency of accepted calls (ms)")
+    ax2.set_title("latency")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="short phases (about 1-2 minutes)")
+    p.add_argument(
+        "--cache-dir",
+        default=os.environ.get("MEMGATE_HOME", str(Path.home() / ".cache" / "memgate")),
+    )
+    p.add_argument("--namespaces", type=int, default=10)
+    p.add_argument("--memories", type=int, default=1000)
+    p.add_argument("--incoming", type=int, default=2000)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--channels", type=int, default=4, help="client channels (HTTP/2 connections)")
+    p.add_argument(
+        "--batch-share",
+        type=float,
+        default=0.25,
+        help="share of open-loop calls that carry 2-8 facts",
+    )
+    p.add_argument(
+        "--max-queued-facts",
+        type=int,
+        default=None,
+        help="server admission limit (default: the server's default)",
+    )
+    p.add_argument(
+        "--max-queue-delay-ms",
+        type=float,
+        default=None,
+        help="server queue-delay admission budget (default: the server's; 0: off)",
+    )
+    p.add_argument("--max-batch-facts", type=int, default=None)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    # the server subprocess
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--db", help=argparse.SUPPRESS)
+    p.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    from engine.server.queue import QueueSettings
+    from engine.server.server import ServerSettings
+
+    defaults = ServerSettings()
+    if args.max_queued_facts is None:
+        args.max_queued_facts = defaults.max_queued_facts
+    if args.max_queue_delay_ms is None:
+        delay = defaults.max_queue_delay_s
+        args.max_queue_delay_ms = 0.0 if delay is None else delay * 1000
+    if args.max_batch_facts is None:
+        args.max_batch_facts = QueueSettings().max_batch_facts
+    if args.serve:
+        return serve_main(args)
+
+    args.baseline_s = 10.0 if args.quick else 30.0
+    args.phase_s = 8.0 if args.quick else 20.0
+    args.min_calls = 40 if args.quick else 200
+    args.loads = [0.25, 0.5, 1.0, 2.0] if args.quick else [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+    stored, incoming = build_data(args.namespaces, args.memories, args.incoming, args.seed)
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
+        db = Path(tmp) / "memgate.db"
+        print(
+            f"baseline: in-process gate.triage, batches of 64, {args.baseline_s:.0f}s", flush=True
+        )
+        load_start = os.getloadavg()
+        base = baseline(args, db, stored, incoming, args.baseline_s)
+        print(
+            f"  {base['facts_per_s']:.1f} facts/s "
+            f"({base['nli_pairs_per_fact']:.2f} NLI pairs/fact)",
+            flush=True,
+        )
+        from engine.server.codegen import ensure
+
+        ensure()
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            metrics_port = int(s.getsockname()[1])
+        print("served: memgate serve in a subprocess", flush=True)
+        server = ServerProcess(args, db, metrics_port)
+        try:
+            phases = asyncio.run(run_load(args, server, incoming))
+        finally:
+            server.stop()
+        # Again after the load, on the same store: other work on the machine shows up as drift.
+        print(f"baseline again: {args.baseline_s / 2:.0f}s", flush=True)
+        after = baseline(args, db, [], incoming, args.baseline_s / 2)
+        print(f"  {after['facts_per_s']:.1f} facts/s", flush=True)
+        load_end = os.getloadavg()
+    base["facts_per_s_before"] = base["facts_per_s"]
+    base["facts_per_s_after"] = after["facts_per_s"]
+    base["facts_per_s"] = (base["facts_per_s"] + after["facts_per_s"]) / 2
+
+    closed = phases[0]
+    opened = [p for p in phases if p.offered is not None]
+    unloaded = opened[0]
+    overload = opened[-1]
+    figures = {
+        "in_process_facts_per_s": base["facts_per_s"],
+        "in_process_drift": base["facts_per_s_after"] / base["facts_per_s_before"] - 1,
+        "served_facts_per_s_32_clients": closed.throughput,
+        "ratio_served_to_in_process": closed.throughput / base["facts_per_s"],
+        "unloaded_p99_ms": unloaded.p99_ms,
+        "overload_offered_x": args.loads[-1],
+        "overload_shed_share": overload.shed_share,
+        "overload_accepted_p99_ms": overload.p99_ms,
+        "overload_p99_over_unloaded_p99": overload.p99_ms / unloaded.p99_ms,
+    }
+    print()
+    print(table(base, phases))
+    print()
+    print(
+        f"in-process before/after the load: {base['facts_per_s_before']:.1f} / "
+        f"{base['facts_per_s_after']:.1f} facts/s; load average {load_start[0]:.2f} -> "
+        f"{load_end[0]:.2f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"served/in-process at {args.clients} single-fact clients: "
+        f"{figures['ratio_served_to_in_process']:.2f} (target >= 0.8)"
+    )
+    print(
+        f"at {args.loads[-1]:.0f}x capacity: shed {overload.shed_share:.1%} "
+        "with RESOURCE_EXHAUSTED;"
+        f" accepted p99 {overload.p99_ms:.1f} ms vs unloaded p99 {unloaded.p99_ms:.1f} ms = "
+        f"{figures['overload_p99_over_unloaded_p99']:.2f}x (target <= 2x)"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    record = {
+        "benchmark": "bench_grpc",
+        "git": git_sha(),
+        "time": stamp,
+        "machine": {**machine(), "loadavg_start": load_start, "loadavg_end": load_end},
+        "settings": {
+            "quick": args.quick,
+            "namespaces": args.namespaces,
+            "memories": args.memories,
+            "incoming": args.incoming,
+            "clients": args.clients,
+            "channels": args.channels,
+            "batch_share": args.batch_share,
+            "max_queued_facts": args.max_queued_facts,
+            "max_queue_delay_ms": args.max_queue_delay_ms,
+            "min_admitted_facts": defaults.min_admitted_facts,
+            "max_batch_facts": args.max_batch_facts,
+            "max_wait_ms": args.max_wait_ms,
+            "baseline_s": args.baseline_s,
+            "phase_s": args.phase_s,
+            "min_calls": args.min_calls,
+            "loads": args.loads,
+            "rpc": "Triage (dry run)",
+            "models": base["models"],
+        },
+        "baseline": base,
+        "phases": [asdict(p) for p in phases],
+        "figures": figures,
+    }
+    json_path = args.out / f"bench_grpc-{stamp}.json"
+    json_path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    png_path = args.out / f"bench_grpc-{stamp}.png"
+    plot(png_path, base, phases)
+    print(
+        f"wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path}"
+        f" and {png_path.name}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,842 @@
+"""Runtime benchmark: ONNX Runtime embedder and NLI scorer against PyTorch, in the same run.
+
+Measures, on synthetic memory-like sentences (8-30 words) and (memory, incoming fact) pairs:
+
+1. **Embeddings/s** at batch sizes 1, 8, 32, 128: MiniLM ``fp32``, ``optimized`` (the offline
+   O2-fused graph) and ``int8`` under ONNX Runtime, and sentence-transformers'
+   ``SentenceTransformer.encode`` on the same real weights (PyTorch).
+2. **NLI pairs/s** at the same batch sizes: nli-deberta-v3-small ``fp32`` with ONNX Runtime's
+   online graph optimisation at level ``basic`` and at level ``all`` (the pipeline ships no
+   offline-optimised DeBERTa graph: it fuses almost nothing and is no faster, see
+   models/README.md), ``int8`` (level ``all``), and sentence-transformers'
+   ``CrossEncoder.predict`` on the same random-initialised weights (PyTorch).
+3. The steps behind the NLI int8 figure at batch 32: length bucketing on/off, batch size,
+   intra-op threads and spinning, quantisation variants.
+4. int8-vs-fp32 MiniLM drift: cosine on 1,000 sentences, and how far the candidate sets at the
+   0.60 similarity floor move on a 10,000-memory namespace (Jaccard over 200 queries).
+
+Every engine is measured in interleaved rounds (each round visits every batch size and engine in
+turn), so a load spike on a shared machine hits all of them alike; a figure is the best round
+(other processes only ever slow a round down; the JSON also has the median). Ratios are
+``engine / PyTorch`` at the same batch size in the same run. Peak RSS per engine is measured
+while it loads and runs its largest batch.
+
+Prints tables; writes JSON and a PNG to ``--out`` (default benchmarks/results/).
+
+    python benchmarks/bench_runtime.py --quick      # ~3-4 minutes on 2 cores
+    python benchmarks/bench_runtime.py              # more rounds, longer slices
+"""
+
+from __future__ import annotations
+
+import os
+
+# numpy's BLAS pool would be a third busy pool next to torch's and ONNX Runtime's.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402 - the path above makes the helpers importable
+    Corpus,
+    Peak,
+    Progress,
+    add_common_args,
+    manifest_summary,
+    pyplot,
+    release_memory,
+    run_header,
+    shared_machine_note,
+    table,
+    torch_cross_encoder,
+    torch_embedder,
+    utc_stamp,
+    write_json,
+)
+
+NAME = "bench_runtime"
+SIZES = (1, 8, 32, 128)
+TORCH = "pytorch"
+BIG = 1 << 22  # a token budget that never splits a call: one forward per call
+TARGET_NLI_RATIO = 3.0
+TARGET_NLI_RATE = 100.0
+TARGET_EMB_RATIO = 1.3
+
+
+# -- measurement ------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    name: str
+    kind: str
+    """``ort`` or ``torch``."""
+    run: Callable[[Sequence[Any], int], Any]
+    """``run(items, batch_size)``: one call over ``items``."""
+    note: str = ""
+    memory: dict[str, Any] = field(default_factory=dict)
+    load_s: float = 0.0
+    skip: set[int] = field(default_factory=set)
+    """Batch sizes not measured (said in the table)."""
+
+
+@dataclass
+class Point:
+    rates: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    items: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    """CPU time of this process over the slices (all its threads, spinning included)."""
+
+    @property
+    def rate(self) -> float | None:
+        """The best round: other processes only ever slow a round down."""
+        return max(self.rates) if self.rates else None
+
+    @property
+    def cpu_rate(self) -> float | None:
+        """Items per CPU-second: with one thread, a figure that other processes barely move."""
+        return self.items / self.cpu_seconds if self.cpu_seconds else None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "items_per_s": self.rate,
+            "items_per_s_median": statistics.median(self.rates) if self.rates else None,
+            "rounds": [round(r, 2) for r in self.rates],
+            "items": self.items,
+            "seconds": round(self.seconds, 3),
+            "items_per_cpu_s": self.cpu_rate,
+            "call_p50_ms": round(1000 * statistics.median(self.latencies), 2)
+            if self.latencies
+            else None,
+        }
+
+
+def run_slice(
+    engine: Engine, pool: Sequence[Any], batch: int, seconds: float, offset: int, point: Point
+) -> None:
+    """Calls of ``batch`` items from ``pool`` (cycling from ``offset``) for at least
+    ``seconds`` and at least one call; adds the rate to ``point``."""
+    items, calls, t0, cpu0 = 0, 0, time.perf_counter(), time.process_time()
+    while True:
+        start = (offset + calls * batch) % len(pool)
+        chunk = [pool[(start + i) % len(pool)] for i in range(batch)]
+        c0 = time.perf_counter()
+        engine.run(chunk, batch)
+        point.latencies.append(time.perf_counter() - c0)
+        items += batch
+        calls += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= seconds:
+            break
+    point.rates.append(items / elapsed)
+    point.items += items
+    point.seconds += elapsed
+    point.cpu_seconds += time.process_time() - cpu0
+
+
+def sweep(
+    engines: list[Engine],
+    pool: Sequence[Any],
+    sizes: Sequence[int],
+    rounds: int,
+    seconds: float,
+    label: str,
+) -> dict[str, dict[int, Point]]:
+    """Interleaved rounds: every (batch size, engine) once per round, same chunks for all."""
+    points = {e.name: {b: Point() for b in sizes} for e in engines}
+    todo = sum(1 for e in engines for b in sizes if b not in e.skip) * rounds
+    bar = Progress(label, todo, unit="slice")
+    for r in range(rounds):
+        offset = (r * 997) % len(pool)
+        for b in sizes:
+            for e in engines:
+                if b in e.skip:
+                    continue
+                if r == 0 and b <= 32:  # untimed: first call at a new shape
+                    e.run([pool[(offset + i) % len(pool)] for i in range(b)], b)
+                run_slice(e, pool, b, seconds, offset, points[e.name][b])
+                bar.update()
+    bar.close()
+    return points
+
+
+def load(
+    name: str,
+    kind: str,
+    build: Callable[[], Callable[[Sequence[Any], int], Any]],
+    warm: Sequence[Any],
+    note: str = "",
+) -> Engine:
+    """Build an engine inside a memory window that also covers one call at the largest batch."""
+    with Peak() as peak:
+        t0 = time.perf_counter()
+        run = build()
+        load_s = time.perf_counter() - t0
+        run(list(warm), len(warm))
+    engine = Engine(name, kind, run, note=note, memory=peak.record(), load_s=load_s)
+    print(
+        f"  loaded {name}: {load_s:.1f}s, peak RSS +{peak.delta_mb:,.0f} MB "
+        f"(batch {len(warm)} included)",
+        flush=True,
+    )
+    return engine
+
+
+# -- engines ----------------------------------------------------------------------------------
+def ort_embedder(cache: Path, variant: str, threads: int, sizes: Sequence[int]) -> Any:
+    from engine.pipeline.layout import artefact_dir
+    from engine.runtime.base import BatchSettings
+    from engine.runtime.embedder import Embedder
+    from engine.runtime.manifest import load_manifest
+    from engine.runtime.session import SessionSettings
+
+    manifest = load_manifest(artefact_dir(cache, "minilm", variant))
+    return Embedder(
+        manifest,
+        SessionSettings(intra_op_threads=threads),
+        BatchSettings(max_batch=max(sizes), max_batch_tokens=BIG),
+    )
+
+
+def ort_nli(
+    cache: Path,
+    variant: str,
+    threads: int,
+    max_batch: int,
+    level: str = "all",
+    spinning: bool = True,
+    tokens: int = BIG,
+) -> Any:
+    from engine.pipeline.layout import artefact_dir
+    from engine.runtime.base import BatchSettings
+    from engine.runtime.manifest import load_manifest
+    from engine.runtime.nli import NLIScorer
+    from engine.runtime.session import SessionSettings
+
+    manifest = load_manifest(artefact_dir(cache, "nli-deberta-v3-small", variant))
+    session = SessionSettings(
+        intra_op_threads=threads,
+        graph_optimization=level,
+        allow_spinning=spinning,  # type: ignore[arg-type]
+    )
+    return NLIScorer(manifest, session, BatchSettings(max_batch=max_batch, max_batch_tokens=tokens))
+
+
+# -- the sweep tables -------------------------------------------------------------------------
+def describe(engines: Sequence[Engine]) -> dict[str, dict[str, Any]]:
+    """What the report keeps of each engine once its model is freed."""
+    return {
+        e.name: {
+            "kind": e.kind,
+            "note": e.note,
+            "load_s": round(e.load_s, 2),
+            "memory": e.memory,
+            "skipped_batch_sizes": sorted(e.skip),
+        }
+        for e in engines
+    }
+
+
+def sweep_rows(
+    info: dict[str, dict[str, Any]],
+    points: dict[str, dict[int, Point]],
+    sizes: Sequence[int],
+    cpu: bool = False,
+) -> list[list[Any]]:
+    rows = []
+    for name, meta in info.items():
+        row: list[Any] = [name]
+        for b in sizes:
+            rate = points[name][b].cpu_rate if cpu else points[name][b].rate
+            ref = points[TORCH][b].cpu_rate if cpu else points[TORCH][b].rate
+            if rate is None:
+                row.append("skipped")
+            elif name == TORCH or ref is None:
+                row.append(f"{rate:,.1f}")
+            else:
+                row.append(f"{rate:,.1f} ({rate / ref:.2f}x)")
+        row.append(float(meta["memory"].get("delta_rss_mb", 0.0)))
+        row.append(meta["note"])
+        rows.append(row)
+    return rows
+
+
+def ratios(points: dict[str, dict[int, Point]], sizes: Sequence[int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, by_size in points.items():
+        out[name] = {}
+        for b in sizes:
+            rate, ref = by_size[b].rate, points[TORCH][b].rate
+            out[name][str(b)] = None if rate is None or ref is None else round(rate / ref, 3)
+    return out
+
+
+# -- steps at NLI int8, batch 32 --------------------------------------------------------------
+def pad(encodings: Sequence[Any], width: int, pad_id: int) -> dict[str, np.ndarray]:
+    ids = np.full((len(encodings), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(encodings), width), dtype=np.int64)
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        ids[row, :n] = enc.ids
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def bucketing_step(nli: Any, pairs: Sequence[tuple[str, str]], rounds: int) -> list[dict[str, Any]]:
+    """One call of many pairs cut into batches of 32: the engine's length buckets against
+    batches in arrival order (each padded to its own longest, or all to the call's longest),
+    the latter built here and fed to the session directly."""
+    from engine.runtime.base import BatchSettings
+
+    saved = nli.batching
+    nli.batching = BatchSettings()  # the engine's defaults: 32 items, 8,192 tokens
+    real = int(sum(len(e.ids) for e in nli.encode(pairs)))
+
+    def engine_way() -> int:
+        prepared = nli.preprocess(pairs)
+        nli.postprocess(nli.forward(prepared), prepared)
+        return int(prepared.stats.padded_tokens)
+
+    def arrival(pad_to_call: bool) -> Callable[[], int]:
+        def go() -> int:
+            encodings = nli.encode(pairs)
+            longest = max(len(e.ids) for e in encodings)
+            padded = 0
+            for start in range(0, len(encodings), 32):
+                chunk = encodings[start : start + 32]
+                width = longest if pad_to_call else max(len(e.ids) for e in chunk)
+                nli.model.run(pad(chunk, width, nli.pad_id))
+                padded += width * len(chunk)
+            return padded
+
+        return go
+
+    ways = [
+        ("on: sorted by length, buckets of <= 32 (engine default)", engine_way),
+        ("off: arrival order, each batch padded to its longest", arrival(False)),
+        ("off: arrival order, all padded to the call's longest", arrival(True)),
+    ]
+    results: dict[str, list[float]] = {w: [] for w, _ in ways}
+    padded: dict[str, int] = {}
+    for _ in range(rounds):
+        for label, fn in ways:
+            t0 = time.perf_counter()
+            padded[label] = fn()
+            results[label].append(len(pairs) / (time.perf_counter() - t0))
+    nli.batching = saved
+    base = statistics.median(results[ways[0][0]])
+    return [
+        {
+            "way": label,
+            "pairs_per_s": statistics.median(results[label]),
+            "vs_on": statistics.median(results[label]) / base,
+            "padded_tokens": padded[label],
+            "padding_overhead": padded[label] / real - 1.0,
+        }
+        for label, _ in ways
+    ]
+
+
+def threads_step(
+    cache: Path, pool: Sequence[tuple[str, str]], rounds: int, seconds: float
+) -> list[dict[str, Any]]:
+    """intra-op threads 1 vs 2, spinning on vs off: one session each, in interleaved rounds."""
+    configs = [(2, True), (2, False), (1, True), (1, False)]
+    scorers = {c: ort_nli(cache, "int8", c[0], 32, spinning=c[1]) for c in configs}
+    engines = [
+        Engine(
+            f"{t} thread{'s' if t > 1 else ''}, spinning {'on' if s else 'off'}",
+            "ort",
+            lambda items, _b, sc=scorers[(t, s)]: sc.score(items),
+        )
+        for t, s in configs
+    ]
+    points = sweep(engines, pool, [32], rounds, seconds, "threads x spinning")
+    base = points[engines[0].name][32].rate or 1.0
+    out = []
+    for (t, s), e in zip(configs, engines, strict=True):
+        rate = points[e.name][32].rate
+        out.append(
+            {
+                "threads": t,
+                "allow_spinning": s,
+                "pairs_per_s": rate,
+                "vs_default": (rate or 0) / base,
+                "call_p50_ms": points[e.name][32].record()["call_p50_ms"],
+            }
+        )
+    del scorers, engines
+    release_memory()
+    return out
+
+
+def quant_step(cache: Path) -> dict[str, Any]:
+    root = cache / "models" / "nli-deberta-v3-small"
+    variants = (
+        sorted(
+            p.name for p in root.iterdir() if "int8" in p.name and (p / "manifest.json").is_file()
+        )
+        if root.is_dir()
+        else []
+    )
+    import json
+
+    settings = {}
+    for v in variants:
+        raw = json.loads((root / v / "manifest.json").read_text(encoding="utf-8"))
+        settings[v] = raw.get("quantization")
+    note = ""
+    if len(variants) <= 1:
+        note = (
+            "skipped: the pipeline builds one int8 variant (dynamic quantisation, per-channel "
+            "QInt8 weights, QUInt8 activations, the avx512_vnni preset), so there is no other "
+            "quantisation setting to compare"
+        )
+    return {"variants": variants, "settings": settings, "note": note}
+
+
+# -- int8 drift -------------------------------------------------------------------------------
+def drift(
+    fp32: Any,
+    int8: Any,
+    corpus: Corpus,
+    n_sentences: int,
+    n_memories: int,
+    n_queries: int,
+    floor: float = 0.60,
+    top_k: int = 20,
+) -> dict[str, Any]:
+    sentences = corpus.sentences(n_sentences, salt=11)
+    a, b = fp32.embed(sentences), int8.embed(sentences)
+    cos = np.sum(a * b, axis=1)
+    stored = corpus.memories(n_memories, namespace="drift", salt=12)
+    queries = [f.text for f in corpus.incoming(stored, n_queries, salt=13)]
+    texts = [s.text for s in stored]
+    m32, m8 = fp32.embed(texts), int8.embed(texts)
+    q32, q8 = fp32.embed(queries), int8.embed(queries)
+    s32, s8 = q32 @ m32.T, q8 @ m8.T
+
+    def jaccard(cap: int | None) -> dict[str, Any]:
+        values, sizes32, sizes8, both_empty = [], [], [], 0
+        for i in range(len(queries)):
+            if cap is None:
+                x, y = set(np.flatnonzero(s32[i] >= floor)), set(np.flatnonzero(s8[i] >= floor))
+            else:
+                top32 = np.argsort(-s32[i])[:cap]
+                top8 = np.argsort(-s8[i])[:cap]
+                x = {int(j) for j in top32 if s32[i, j] >= floor}
+                y = {int(j) for j in top8 if s8[i, j] >= floor}
+            sizes32.append(len(x))
+            sizes8.append(len(y))
+            if not x and not y:
+                both_empty += 1
+                values.append(1.0)
+            else:
+                values.append(len(x & y) / len(x | y))
+        arr = np.asarray(values)
+        return {
+            "mean": float(arr.mean()),
+            "median": float(np.median(arr)),
+            "min": float(arr.min()),
+            "identical_share": float(np.mean(arr == 1.0)),
+            "both_empty": both_empty,
+            "mean_size_fp32": float(np.mean(sizes32)),
+            "mean_size_int8": float(np.mean(sizes8)),
+        }
+
+    return {
+        "sentences": n_sentences,
+        "cosine_mean": float(cos.mean()),
+        "cosine_min": float(cos.min()),
+        "cosine_p01": float(np.quantile(cos, 0.01)),
+        "memories": n_memories,
+        "queries": n_queries,
+        "floor": floor,
+        "jaccard_all_above_floor": jaccard(None),
+        "jaccard_top20_above_floor": jaccard(top_k),
+        "top1_agreement": float(np.mean(np.argmax(s32, axis=1) == np.argmax(s8, axis=1))),
+    }
+
+
+# -- plot -------------------------------------------------------------------------------------
+def plot(
+    path: Path,
+    emb: dict[str, dict[int, Point]],
+    nli: dict[str, dict[int, Point]],
+    sizes: Sequence[int],
+    title: str,
+) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, points, what in ((axes[0], emb, "embeddings/s"), (axes[1], nli, "NLI pairs/s")):
+        for name, by_size in points.items():
+            xs = [b for b in sizes if by_size[b].rate is not None]
+            ys = [by_size[b].rate for b in xs]
+            style = "k--" if name == TORCH else "-"
+            ax.plot(xs, ys, style, marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(list(sizes), [str(s) for s in sizes])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("MiniLM-L6 embedder")
+    axes[1].set_title("nli-deberta-v3-small")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# -- main -------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per point")
+    parser.add_argument("--slice", type=float, default=None, help="seconds per engine per round")
+    args = parser.parse_args(argv)
+
+    # One busy pool at a time, each sized to --threads: torch's here, ONNX Runtime's per session.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    import sentence_transformers  # noqa: F401 - imported before any memory window opens
+
+    if args.smoke:
+        sizes: tuple[int, ...] = (1, 8)
+        rounds, seconds, pool_n = 1, 0.2, 64
+        n_sent, n_mem, n_q, big_n = 50, 300, 20, 64
+    elif args.quick:
+        sizes, rounds, seconds, pool_n = SIZES, 2, 0.6, 1024
+        n_sent, n_mem, n_q, big_n = 1000, 10_000, 200, 256
+    else:
+        sizes, rounds, seconds, pool_n = SIZES, 5, 2.0, 2048
+        n_sent, n_mem, n_q, big_n = 1000, 10_000, 200, 512
+    rounds = args.rounds or rounds
+    seconds = args.slice or seconds
+    cache = Path(args.cache_dir)
+    corpus = Corpus(args.seed)
+    texts = corpus.sentences(pool_n, salt=1)
+    pairs = corpus.pairs(pool_n, salt=3)
+    result: dict[str, Any] = run_header(NAME, args)
+    result["settings"].update(
+        {
+            "sizes": list(sizes),
+            "rounds": rounds,
+            "slice_s": seconds,
+            "pool": pool_n,
+            "ort_graph_optimization": "all unless the engine name says otherwise",
+            "torch_threads": torch.get_num_threads(),
+        }
+    )
+    result["manifests"] = manifest_summary(
+        cache,
+        [("minilm", v) for v in ("fp32", "optimized", "int8")]
+        + [("nli-deberta-v3-small", v) for v in ("fp32", "int8")],
+    )
+    m = result["machine"]
+    print(
+        f"{NAME}: {m['cpu']} ({m['usable_cores']} cores, {' '.join(m['isa'][-4:])}), "
+        f"{m['memory_gib']} GiB, load {m['load_average_at_start']}, "
+        f"git {result['git']['sha'][:10]}{'+dirty' if result['git']['dirty'] else ''}"
+    )
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    print(
+        f"  {mode} mode: "
+        f"{rounds} rounds x {seconds:g}s slices, batch sizes {list(sizes)}, "
+        f"{args.threads} threads",
+        flush=True,
+    )
+    warm_n = max(sizes)
+    notes: list[str] = []
+
+    # -- 1. embedder ---------------------------------------------------------------------
+    print("\n[1/4] embedder", flush=True)
+    emb_engines: list[Engine] = []
+    ort_emb: dict[str, Any] = {}
+    for variant in ("fp32", "optimized", "int8"):
+
+        def build(variant: str = variant) -> Callable[[Sequence[Any], int], Any]:
+            ort_emb[variant] = ort_embedder(cache, variant, args.threads, sizes)
+            return lambda items, _b: ort_emb[variant].embed(items)
+
+        emb_engines.append(load(f"ort {variant}", "ort", build, texts[:warm_n]))
+
+    def build_st() -> Callable[[Sequence[Any], int], Any]:
+        st = torch_embedder()
+        return lambda items, b: st.encode(
+            list(items), batch_size=b, normalize_embeddings=True, show_progress_bar=False
+        )
+
+    emb_engines.append(
+        load(TORCH, "torch", build_st, texts[:warm_n], note="SentenceTransformer.encode")
+    )
+    emb_points = sweep(emb_engines, texts, sizes, rounds, seconds, "embedder sweep")
+    emb_info = describe(emb_engines)
+
+    # -- 2. int8 drift -------------------------------------------------------------------
+    print("\n[2/4] int8 vs fp32 MiniLM drift", flush=True)
+    t0 = time.perf_counter()
+    drift_res = drift(ort_emb["fp32"], ort_emb["int8"], corpus, n_sent, n_mem, n_q)
+    print(f"  drift measured in {time.perf_counter() - t0:.1f}s", flush=True)
+    del emb_engines[:]
+    ort_emb.clear()
+    release_memory()
+
+    # -- 3. NLI --------------------------------------------------------------------------
+    print("\n[3/4] NLI", flush=True)
+    nli_engines: list[Engine] = []
+    scorers: dict[str, Any] = {}
+    for label, variant, level in (
+        ("ort fp32 (basic)", "fp32", "basic"),
+        ("ort fp32 (all)", "fp32", "all"),
+        ("ort int8 (all)", "int8", "all"),
+    ):
+
+        def build_nli(
+            label: str = label, variant: str = variant, level: str = level
+        ) -> Callable[[Sequence[Any], int], Any]:
+            scorers[label] = ort_nli(cache, variant, args.threads, max(sizes), level)
+            return lambda items, _b: scorers[label].score(items)
+
+        note = {"basic": "online opt. basic", "all": "online opt. all (= 'optimized')"}[level]
+        nli_engines.append(load(label, "ort", build_nli, pairs[:warm_n], note=note))
+    work = Path(tempfile.mkdtemp(prefix="memgate-bench-"))
+    ce_info: dict[str, Any] = {}
+
+    def build_ce() -> Callable[[Sequence[Any], int], Any]:
+        ce, info = torch_cross_encoder(work)
+        ce_info.update(info)
+        return lambda items, b: ce.predict(
+            list(items), batch_size=b, apply_softmax=True, show_progress_bar=False
+        )
+
+    ce_engine = load(TORCH, "torch", build_ce, pairs[:warm_n], note="CrossEncoder.predict")
+    nli_engines.append(ce_engine)
+    # Same weights as the ONNX artefact? (The pipeline builds it with the same seed.)
+    check = pairs[:4]
+    ref = scorers["ort fp32 (all)"].score(check)
+    got = np.asarray(ce_engine.run(check, 4))
+    ce_info["max_abs_prob_diff_vs_onnx_fp32"] = float(np.abs(ref - got).max())
+    print(
+        f"  PyTorch CrossEncoder vs ONNX fp32 on the same pairs: max |dp| "
+        f"{ce_info['max_abs_prob_diff_vs_onnx_fp32']:.1e} (same weights)",
+        flush=True,
+    )
+    if args.quick and 128 in sizes:
+        # One call at batch 128 ran inside the load window; if it was very slow, skip it.
+        t0 = time.perf_counter()
+        ce_engine.run(pairs[:32], 32)
+        per_pair = (time.perf_counter() - t0) / 32
+        if per_pair * 128 * rounds > 25:
+            ce_engine.skip.add(128)
+            notes.append(
+                f"quick mode: PyTorch NLI at batch 128 skipped (~{per_pair * 128:.0f}s a call)"
+            )
+    nli_points = sweep(nli_engines, pairs, sizes, rounds, seconds, "NLI sweep")
+    nli_info = describe(nli_engines)
+
+    # -- 4. steps at int8, batch 32 ------------------------------------------------------
+    print("\n[4/4] NLI int8 at batch 32: what each step buys", flush=True)
+    int8 = scorers["ort int8 (all)"]
+    for label in [k for k in scorers if k != "ort int8 (all)"]:
+        del scorers[label]
+    del nli_engines[:]
+    ce_engine.run = lambda _items, _b: None  # drop the PyTorch model
+    shutil.rmtree(work, ignore_errors=True)
+    release_memory()
+    bucket_res = bucketing_step(int8, corpus.pairs(big_n, salt=21), rounds=max(2, rounds))
+    int8_sizes = sorted({*sizes, *((16, 64) if not args.smoke else ())})
+    e = Engine("ort int8 (all)", "ort", lambda items, _b: int8.score(items))
+    more = sweep([e], pairs, int8_sizes, rounds, seconds, "int8 by batch size")
+    batch_res: dict[int, float | None] = {b: more[e.name][b].rate for b in int8_sizes}
+    int8 = None
+    release_memory()
+    thread_res = threads_step(cache, pairs, rounds, seconds)
+    quant_res = quant_step(cache)
+
+    # -- report --------------------------------------------------------------------------
+    head = ["engine"] + [f"batch {b}" for b in sizes] + ["peak RSS +MB", "note"]
+    print()
+    print(
+        table(
+            head,
+            sweep_rows(emb_info, emb_points, sizes),
+            title="Embeddings/s (x = ratio to PyTorch at the same batch size)",
+        )
+    )
+    print()
+    print(
+        table(
+            head,
+            sweep_rows(nli_info, nli_points, sizes),
+            title="NLI pairs/s (x = ratio to PyTorch at the same batch size)",
+        )
+    )
+    if args.threads == 1:
+        # One thread: CPU time is what the work cost, whatever else the machine was doing.
+        for what, info, points in (
+            ("Embeddings", emb_info, emb_points),
+            ("NLI pairs", nli_info, nli_points),
+        ):
+            print()
+            print(
+                table(
+                    head,
+                    sweep_rows(info, points, sizes, cpu=True),
+                    title=f"{what} per CPU-second (1 thread: robust to other processes)",
+                )
+            )
+    t32 = 32 if 32 in sizes else sizes[-1]
+    nli_int8 = nli_points["ort int8 (all)"][t32].rate or 0.0
+    nli_ref = nli_points[TORCH][t32].rate or float("nan")
+    emb_fp32 = emb_points["ort fp32"][t32].rate or 0.0
+    emb_ref = emb_points[TORCH][t32].rate or float("nan")
+    targets = {
+        "NLI int8 vs PyTorch": (nli_int8 / nli_ref, TARGET_NLI_RATIO, "x"),
+        "NLI int8 pairs/s": (nli_int8, TARGET_NLI_RATE, ""),
+        "embedder fp32 vs PyTorch": (emb_fp32 / emb_ref, TARGET_EMB_RATIO, "x"),
+    }
+    print(f"\nTargets at batch {t32}:")
+    for label, (value, target, unit) in targets.items():
+        verdict = "met" if value >= target else "NOT met"
+        print(f"  {label:<26} {value:7.2f}{unit:<2} (target >= {target:g}{unit})  {verdict}")
+    result["targets"] = {
+        label: {"value": value, "target": target, "met": bool(value >= target), "batch": t32}
+        for label, (value, target, _unit) in targets.items()
+    }
+
+    print()
+    print(
+        table(
+            ["length bucketing (one call, batches of 32)", "pairs/s", "x on", "padding"],
+            [
+                [r["way"], r["pairs_per_s"], f"{r['vs_on']:.2f}x", f"+{r['padding_overhead']:.1%}"]
+                for r in bucket_res
+            ],
+            title=f"(a) NLI int8, a call of {big_n} pairs",
+        )
+    )
+    print()
+    print(
+        table(
+            ["batch size", "pairs/s", "x batch 32"],
+            [
+                [
+                    b,
+                    rate,
+                    "-"
+                    if rate is None or not batch_res.get(t32)
+                    else f"{rate / batch_res[t32]:.2f}x",
+                ]
+                for b, rate in sorted(batch_res.items())
+            ],
+            title="(b) NLI int8, one call per batch",
+        )
+    )
+    print()
+    print(
+        table(
+            ["intra-op threads", "allow_spinning", "pairs/s", "x default", "call p50 ms"],
+            [
+                [
+                    r["threads"],
+                    r["allow_spinning"],
+                    r["pairs_per_s"],
+                    f"{r['vs_default']:.2f}x",
+                    r["call_p50_ms"],
+                ]
+                for r in thread_res
+            ],
+            title="(c) NLI int8 at batch 32: threads and spinning (default: 2, on)",
+        )
+    )
+    print(f"\n(d) quantisation settings: {quant_res['note'] or quant_res['variants']}")
+    d = drift_res
+    ja, jt = d["jaccard_all_above_floor"], d["jaccard_top20_above_floor"]
+    print()
+    print(
+        table(
+            ["MiniLM int8 vs fp32", "value"],
+            [
+                [f"cosine, {d['sentences']:,} sentences: mean", f"{d['cosine_mean']:.4f}"],
+                ["cosine: min / 1st percentile", f"{d['cosine_min']:.4f} / {d['cosine_p01']:.4f}"],
+                [
+                    f"Jaccard of sets >= {d['floor']:.2f}, {d['queries']} queries x "
+                    f"{d['memories']:,} memories: mean / median / min",
+                    f"{ja['mean']:.3f} / {ja['median']:.3f} / {ja['min']:.3f}",
+                ],
+                ["  queries with identical sets", f"{ja['identical_share']:.0%}"],
+                [
+                    "  mean set size fp32 / int8",
+                    f"{ja['mean_size_fp32']:.1f} / {ja['mean_size_int8']:.1f}",
+                ],
+                [
+                    "Jaccard of top-20 >= floor (the gate's candidates): mean / min",
+                    f"{jt['mean']:.3f} / {jt['min']:.3f}",
+                ],
+                ["  queries with identical candidates", f"{jt['identical_share']:.0%}"],
+                ["top-1 neighbour agreement", f"{d['top1_agreement']:.0%}"],
+            ],
+            title="(drift)",
+        )
+    )
+    for note in notes:
+        print(f"note: {note}")
+    shared = shared_machine_note()
+    if shared:
+        print(shared)
+        notes.append(shared)
+
+    result["embedder"] = {
+        n: {str(b): p.record() for b, p in by.items()} for n, by in emb_points.items()
+    }
+    result["nli"] = {n: {str(b): p.record() for b, p in by.items()} for n, by in nli_points.items()}
+    result["ratios_vs_pytorch"] = {
+        "embedder": ratios(emb_points, sizes),
+        "nli": ratios(nli_points, sizes),
+    }
+    result["steps_nli_int8_batch32"] = {
+        "bucketing": bucket_res,
+        "batch_size": {str(b): r for b, r in batch_res.items()},
+        "threads_spinning": thread_res,
+        "quantisation": quant_res,
+    }
+    result["drift_minilm_int8_vs_fp32"] = drift_res
+    result["engines"] = {"embedder": emb_info, "nli": nli_info}
+    result["pytorch_cross_encoder"] = ce_info
+    result["notes"] = notes
+    stamp = utc_stamp()
+    png = Path(args.out) / f"{NAME}-{stamp}.png"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    title = (
+        f"{result['machine']['cpu']}, {args.threads} threads, git "
+        f"{result['git']['sha'][:10]}; {mode} mode"
+    )
+    if plot(png, emb_points, nli_points, sizes, title):
+        result["plot"] = str(png)
+    path = write_json(Path(args.out), NAME, result, stamp=stamp)
+    print(f"\nwrote {path}" + (f" and {png}" if "plot" in result else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
