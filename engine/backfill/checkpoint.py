@@ -11,9 +11,16 @@ It says how far the job got, in input lines:
   fact that could have depended on it.
 
 Order of writes, so that a kill at any moment leaves a resumable state: the store commits a batch
-(one transaction); then its audit lines are written and fsynced; then the checkpoint is written
-to a temporary file, fsynced, and renamed over the old one (and the directory fsynced). A
-restart truncates the audit file to ``audit_offset`` and replays the pending range.
+(one transaction, fsynced by SQLite); then its audit lines are written and flushed; then the
+checkpoint is written to a temporary file and renamed over the old one. A restart truncates the
+audit file to ``audit_offset`` and replays the pending range.
+
+A killed process loses nothing it wrote (the page cache outlives it), so fsyncs only matter for
+a power cut: the audit file, the checkpoint and its directory are fsynced at most every
+``sync_every_s`` (default 1 s) and at the end. After a power cut a restart may find an older
+checkpoint and replay more batches; that is still exactly once, because the batch size of a job
+is fixed by its first run (a resumed in-process job cuts the same batches again, so replays
+never mix with new facts).
 
 :class:`JobLock` keeps two processes off one checkpoint (``flock``, released by the kernel
 even on ``kill -9``).
@@ -86,15 +93,19 @@ def load(path: Path) -> Checkpoint | None:
         ) from None
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """tmp -> fsync -> rename -> fsync(dir): the file is the old or the new one, never torn."""
+def atomic_write(path: Path, text: str, *, durable: bool = True) -> None:
+    """tmp -> fsync -> rename -> fsync(dir): the file is the old or the new one, never torn.
+    ``durable=False`` skips both fsyncs: still atomic for a killed process, not for a power
+    cut (which may then find the previous checkpoint)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -124,9 +135,9 @@ class CheckpointWriter:
     def state(self) -> Checkpoint:
         return self._state
 
-    def save(self, **changes: Any) -> Checkpoint:
+    def save(self, durable: bool = True, **changes: Any) -> Checkpoint:
         with self._lock:
-            return self._save(changes)
+            return self._save(changes, durable)
 
     def close(self) -> None:
         """No write after this one returns (a request thread that outlives its job)."""
@@ -137,12 +148,12 @@ class CheckpointWriter:
         """Records up to line ``through`` may be sent from now on."""
         with self._lock:
             if through > (self._state.pending_through or 0):
-                self._save({"pending_through": through})
+                self._save({"pending_through": through}, durable=True)
 
-    def _save(self, changes: dict[str, Any]) -> Checkpoint:
+    def _save(self, changes: dict[str, Any], durable: bool) -> Checkpoint:
         self._state = replace(self._state, **changes, updated_at=time.time())
         if self._enabled:
-            atomic_write(self.path, self._state.to_json())
+            atomic_write(self.path, self._state.to_json(), durable=durable)
         return self._state
 
 

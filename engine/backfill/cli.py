@@ -68,6 +68,14 @@ def register(subparsers: Any) -> None:
         default="skip",
         help="a bad row is reported and skipped (default), or stops the job",
     )
+    p.add_argument(
+        "--sync-every",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="most seconds between fsyncs of audit and checkpoint (0: every batch; a kill "
+        "loses nothing either way, a power cut may replay up to this much)",
+    )
     p.add_argument("--audit", help="audit JSON Lines (default: under <data dir>/backfill/)")
     p.add_argument("--checkpoint", help="checkpoint file (default: under <data dir>/backfill/)")
     p.add_argument(
@@ -108,6 +116,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         fields=parse_map(args.field_map),
         default_namespace=args.namespace,
         resume_changed=args.resume_changed,
+        sync_every_s=args.sync_every,
     )
     source = Source.open(Path(args.input), args.format)
     _check_columns(columns(source.path, source.format, source.gzip), settings)
@@ -158,6 +167,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 )
             raise
     print(summary(result, source.path, destination, args.policy, args.dry_run))
+    if result.batch != args.batch:
+        print(
+            f"memgate backfill: note: kept --batch {result.batch} of the job's first run "
+            "(a resumed job cuts the same batches)",
+            file=sys.stderr,
+        )
     if result.status == "stopped":
         print(
             f"memgate backfill: interrupted; every row up to line {result.done_line:,} is "

@@ -4,7 +4,7 @@
 
     reader (records, in line order) -> to_row (validate, idempotency key) -> chunks of N facts
         -> decider (in-process gate batch, or the gRPC Backfill stream)
-        -> audit file (fsync) -> checkpoint (atomic)
+        -> audit file (flushed) -> checkpoint (atomic rename; both fsynced about once a second)
 
 Order within a namespace is kept because batches go to the gate in file order and the gate
 decides a batch in order (the server's Backfill stream does the same, fact by fact).
@@ -70,6 +70,9 @@ class BackfillSettings:
     fields: FieldMap = field(default_factory=FieldMap)
     default_namespace: str | None = None
     """Namespace of rows without one (no namespace column, or an empty cell)."""
+    sync_every_s: float = 1.0
+    """Most seconds between fsyncs of the audit file and the checkpoint (0: every batch). A
+    kill loses nothing either way; after a power cut up to this much is replayed."""
     resume_changed: bool = False
     """Resume although the input's first 64 KiB changed since the checkpoint."""
     limits: GateSettings = field(default_factory=GateSettings)
@@ -80,6 +83,8 @@ class BackfillSettings:
             raise InvalidInput(f"policy must be strict or review, got {self.policy!r}")
         if not 1 <= self.batch <= _MAX_BATCH:
             raise InvalidInput(f"batch must be in [1, {_MAX_BATCH}], got {self.batch}")
+        if not 0.0 <= self.sync_every_s <= 3600.0:
+            raise InvalidInput(f"sync_every_s must be in [0, 3600], got {self.sync_every_s}")
         if self.on_error not in ("skip", "fail"):
             raise InvalidInput(f"on_error must be skip or fail, got {self.on_error!r}")
 
@@ -176,6 +181,8 @@ class JobResult:
     """The audit file was shorter than the checkpoint said: rows before this run are missing."""
     done_line: int = 0
     """Every input line up to this one is done (the checkpoint's ``done_line``)."""
+    batch: int = 0
+    """The batch size used (in process, a resumed job keeps the one of its first run)."""
 
 
 class Job:
@@ -203,6 +210,8 @@ class Job:
         self._tally = Tally()
         self._rows = 0
         self._replayed = 0
+        self._batch = settings.batch
+        self._synced = 0.0
 
     # -- entry ------------------------------------------------------------------------------
     def preflight(self) -> Checkpoint | None:
@@ -231,6 +240,10 @@ class Job:
         if previous is not None:
             self._check(previous)
         job = previous.job if previous is not None else self.source.job
+        streaming = hasattr(decider, "decide_stream")
+        # In process, a job keeps the batch size of its first run: resumed, it cuts the same
+        # batches again (see engine.backfill.checkpoint).
+        self._batch = previous.batch if previous is not None and not streaming else s.batch
         state = previous or Checkpoint(
             job=job,
             input=str(self.source.path),
@@ -246,7 +259,7 @@ class Job:
             state,
             audit=str(self.audit_path),
             audit_offset=state.audit_offset if same_audit else 0,
-            batch=s.batch,
+            batch=self._batch,
             head=self.source.job,
             finished=False,
         )
@@ -261,11 +274,12 @@ class Job:
         pending = state.pending_through if (state.pending_through or 0) > state.done_line else None
         try:
             self.progress.update(self.source.position(state.done_line), self._tally.postfix())
-            if hasattr(decider, "decide_stream"):
+            if streaming:
                 stream = cast(StreamingDecider, decider)
                 status = self._run_stream(stream, rows, writer, audit, pending)
             else:
-                status = self._run_batches(decider, rows, writer, audit, pending)
+                batches = cast(BatchDecider, decider)
+                status = self._run_batches(batches, rows, writer, audit, pending)
         finally:
             writer.close()
             audit.close()
@@ -282,6 +296,7 @@ class Job:
             checkpoint=None if s.dry_run else self.checkpoint_path,
             audit_incomplete=incomplete,
             done_line=writer.state.done_line,
+            batch=self._batch,
         )
 
     def _check(self, cp: Checkpoint) -> None:
@@ -347,7 +362,7 @@ class Job:
             chunk.append(row)
             if row.fact is not None:
                 facts += 1
-            if first_through is None and facts >= self.settings.batch:
+            if first_through is None and facts >= self._batch:
                 yield chunk
                 chunk, facts = [], 0
         if chunk:
@@ -367,10 +382,20 @@ class Job:
         self._rows += 1
 
     def _commit_point(
-        self, writer: CheckpointWriter, audit: AuditLog, line: int, **extra: Any
+        self,
+        writer: CheckpointWriter,
+        audit: AuditLog,
+        line: int,
+        *,
+        final: bool = False,
+        **extra: Any,
     ) -> None:
-        offset = audit.sync()
-        writer.save(done_line=line, audit_offset=offset, rows=self._rows, **extra)
+        now = time.monotonic()
+        durable = final or now - self._synced >= self.settings.sync_every_s
+        if durable:
+            self._synced = now
+        offset = audit.sync(durable)
+        writer.save(durable, done_line=line, audit_offset=offset, rows=self._rows, **extra)
         self.progress.update(self.source.position(line), self._tally.postfix())
 
     def _end(self, writer: CheckpointWriter, audit: AuditLog, line: int) -> Status:
@@ -381,7 +406,9 @@ class Job:
             status = "failed"
         else:
             status = "finished"
-        self._commit_point(writer, audit, line, finished=status == "finished", pending_through=None)
+        self._commit_point(
+            writer, audit, line, final=True, finished=status == "finished", pending_through=None
+        )
         if status == "finished" and self.source.total is not None:
             self.progress.update(self.source.total, self._tally.postfix())
         return status
@@ -428,7 +455,7 @@ class Job:
         the current one is in the model. The rows a killed run may have sent (``pending``) go
         one at a time, each after the previous one's decision, so a replayed fact never shares
         a server batch with a new fact of the same stream."""
-        every = self.settings.batch
+        every = self._batch
         window = 2 * every
         queue: deque[Row] = deque()  # rows sent (or bad), oldest first
         flow = threading.Condition()

@@ -466,7 +466,7 @@ class CrashAfterCommit:
         return decisions
 
 
-def test_the_batch_in_flight_at_a_crash_is_replayed_whole_even_with_another_batch_size(
+def test_the_batch_in_flight_at_a_crash_is_replayed_whole_and_alone(
     tmp_path: Path, run_job: Any, models: tuple[Any, Any]
 ) -> None:
     lines = crm_rows(300, seed=3, bad_every=0)
@@ -477,11 +477,11 @@ def test_the_batch_in_flight_at_a_crash_is_replayed_whole_even_with_another_batc
     cp = load(tmp_path / "checkpoint.json")
     assert cp is not None and cp.pending_through is not None
     assert len(audit_lines(tmp_path / "audit.jsonl")) == cp.rows == cp.done_line == 80
-    # Resumed with another batch size, the first batch is still exactly the one in flight: its
-    # facts are all replays, and none of them shares a batch with a new fact (which could
-    # otherwise target the unstored copy of a replayed one).
+    # The first batch of the restart is exactly the one in flight: its facts are all replays,
+    # and none of them shares a batch with a new fact (which could otherwise target the
+    # unstored copy of a replayed one). A new --batch is ignored: the job cuts the same batches.
     result = run_job(src, batch=64)
-    assert result.status == "finished"
+    assert result.status == "finished" and result.batch == 40
     assert result.replayed_this_run == 40
     audit = audit_lines(tmp_path / "audit.jsonl")
     assert [a["line"] for a in audit] == list(range(1, 301))
@@ -734,3 +734,23 @@ def test_backfill_over_grpc_matches_in_process_decisions(
         json.loads(x)["id"] for x in lines if "key" in json.loads(x) or "kind" in json.loads(x)
     }
     assert {r: remote.decisions()[r] for r in keyed} == {r: local.decisions()[r] for r in keyed}
+
+
+def test_cli_target_runs_the_job_through_a_server(
+    tmp_path: Path, server: Any, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.cli import main
+
+    lines = crm_rows(40, seed=23, bad_every=0)
+    src = write_lines(tmp_path / "rows.jsonl", lines)
+    argv = ["backfill", "--input", str(src), "--target", server.target, "--batch", "8"]
+    argv += ["--data-dir", str(tmp_path / "state")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"-> grpc:{server.target}" in out
+    cp = load(checkpoint_of(tmp_path / "state"))  # type: ignore[arg-type]
+    assert cp is not None and cp.finished and cp.destination == f"grpc:{server.target}"
+    assert not (tmp_path / "state" / "memgate.db").exists()  # the server's store, not a local one
+    server.stop(grace=0)
+    server.gate.store.close()
+    Applied(tmp_path / "served.db").check_exactly_once(good_ids(lines))

@@ -456,3 +456,12 @@ def test_a_new_audit_path_on_resume_starts_a_new_file_and_says_it_lacks_rows(
     assert result.status == "finished" and result.audit_incomplete
     assert [r["line"] for r in read_records(tmp_path / "elsewhere.jsonl")] == list(range(4, 10))
     assert [r["line"] for r in read_records(tmp_path / "audit.jsonl")] == [1, 2, 3]
+
+
+def test_public_names_resolve() -> None:
+    import importlib
+
+    for name in ("", ".readers", ".rows", ".checkpoint", ".audit", ".job", ".cli"):
+        module = importlib.import_module("engine.backfill" + name)
+        for public in module.__all__:
+            assert hasattr(module, public), f"engine.backfill{name}.{public}"
