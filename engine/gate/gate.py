@@ -253,7 +253,7 @@ class Gate:
         if pol.verify_reverse and len(pairs):
             ci = self.nli.contradiction_index
             bar = min(pol.contradiction, pol.key_match_contradiction)
-            extra_pairs = []
+            extra_pairs: list[tuple[str, str]] = []
             for (i, mid, way), at in list(pair_at.items()):
                 if way == "fwd" and probs[at, ci] > bar and (i, mid, "rev") not in pair_at:
                     pair_at[(i, mid, "rev")] = len(pairs) + len(extra_pairs)
