@@ -2,9 +2,10 @@
 
 Layers, one direction of dependency::
 
-    engine.server (gRPC)  ->  engine.gate (pipeline)  ->  engine.runtime / engine.index / engine.store
+    engine.server (gRPC) -> engine.gate (pipeline) -> engine.runtime / engine.index / engine.store
 
-Pure modules (``errors``, ``config``, ``gate.policy``, ``gate.normalize``) import nothing that does I/O.
+Pure modules (``errors``, ``types``, ``gate.policy``, ``gate.normalize``, ``gate.keys``,
+``gate.overlap``) import nothing that does I/O.
 """
 
 __version__ = "0.1.0"
