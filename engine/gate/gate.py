@@ -337,6 +337,7 @@ class Gate:
                 d = self._decide_keyed(fact, pol, keyed, gone, new_id, ikey)
             else:
                 evidence = []
+                lexical, low = pol.lexical, min(pol.floor, pol.key_match_floor)
                 for ref, sim in cand[i]:
                     mid = batch_id.get(ref.memory_id, ref.memory_id)
                     if mid in gone or mid.startswith("@"):
@@ -359,8 +360,13 @@ class Gate:
                             key_match=bool(rel and rel.key_match),
                             key_conflict=bool(rel and rel.key_conflict),
                             conflict_reason=getattr(rel, "reason", "") if rel else "",
-                            contained=pol.lexical and overlap.contains(ref.text, fact.text),
-                            partial=pol.lexical and overlap.claims(ref.text, fact.text).partial,
+                            # lexical evidence only where it can matter: above the floor
+                            contained=lexical
+                            and sim >= low
+                            and overlap.contains(ref.text, fact.text),
+                            partial=lexical
+                            and sim >= low
+                            and overlap.claims(ref.text, fact.text).partial,
                         )
                     )
                 v = decide(evidence, pol)
