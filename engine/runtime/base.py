@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
@@ -90,12 +90,17 @@ class Prepared:
 class TokenModel(Generic[Item]):
     """Tokeniser + session + bucketing; subclasses add the model-specific postprocess."""
 
+    task: ClassVar[str] = ""
+    """The manifest task this runtime serves; any other artefact is refused."""
+
     def __init__(
         self,
         manifest: Manifest,
         session: SessionSettings | None = None,
         batching: BatchSettings | None = None,
     ) -> None:
+        if manifest.task != self.task:
+            raise ManifestMismatch(f"{manifest.describe()} is not a {self.task} model")
         self.manifest = manifest
         self.batching = batching or BatchSettings()
         self.model = OrtModel(manifest.model_path, session or SessionSettings())
@@ -112,6 +117,10 @@ class TokenModel(Generic[Item]):
         mode = self.batching.row_invariant
         self.row_invariant = mode == "on" or (mode == "auto" and quantised)
         self.max_batch = 1 if self.row_invariant else self.batching.max_batch
+        self._check_outputs()
+
+    def _check_outputs(self) -> None:
+        """Subclasses check the graph's outputs against the manifest."""
 
     # -- contract -------------------------------------------------------------------------
     def encode(self, items: Sequence[Item]) -> list[Encoding]:

@@ -8,23 +8,16 @@ import numpy as np
 from tokenizers import Encoding
 
 from engine.errors import InvalidInput, ManifestMismatch
-from engine.runtime.base import BatchSettings, Prepared, TokenModel
-from engine.runtime.manifest import Manifest
-from engine.runtime.session import SessionSettings
+from engine.runtime.base import Prepared, TokenModel
 
 __all__ = ["Embedder"]
 
 
 class Embedder(TokenModel[str]):
-    def __init__(
-        self,
-        manifest: Manifest,
-        session: SessionSettings | None = None,
-        batching: BatchSettings | None = None,
-    ) -> None:
-        if manifest.task != "embedding":
-            raise ManifestMismatch(f"{manifest.describe()} is not an embedding model")
-        super().__init__(manifest, session, batching)
+    task = "embedding"
+
+    def _check_outputs(self) -> None:
+        manifest = self.manifest
         self.dim = int(manifest.embedding_dim or 0)
         out = self.model.session.get_outputs()[0]
         if self.dim and isinstance(out.shape[-1], int) and out.shape[-1] != self.dim:

@@ -12,9 +12,7 @@ import numpy as np
 from tokenizers import Encoding
 
 from engine.errors import InvalidInput, ManifestMismatch
-from engine.runtime.base import BatchSettings, Prepared, TokenModel
-from engine.runtime.manifest import Manifest
-from engine.runtime.session import SessionSettings
+from engine.runtime.base import Prepared, TokenModel
 
 __all__ = ["NLIScorer", "Pair"]
 
@@ -22,15 +20,10 @@ Pair = tuple[str, str]
 
 
 class NLIScorer(TokenModel[Pair]):
-    def __init__(
-        self,
-        manifest: Manifest,
-        session: SessionSettings | None = None,
-        batching: BatchSettings | None = None,
-    ) -> None:
-        if manifest.task != "nli":
-            raise ManifestMismatch(f"{manifest.describe()} is not an NLI model")
-        super().__init__(manifest, session, batching)
+    task = "nli"
+
+    def _check_outputs(self) -> None:
+        manifest = self.manifest
         self.labels = manifest.labels
         self.contradiction_index = manifest.labels.index("contradiction")
         self.entailment_index = manifest.label_index("entailment")
