@@ -100,28 +100,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from engine.app import open_engine
-    from engine.types import Fact
+    from engine.facts import read_facts
 
-    facts = []
-    with open(args.file, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            try:
-                facts.append(
-                    Fact(
-                        namespace=row["namespace"],
-                        text=row["text"],
-                        kind=row.get("kind", "semantic"),
-                        key=row.get("key"),
-                        metadata=row.get("metadata") or {},
-                        source=row.get("source"),
-                        idempotency_key=row.get("idempotency_key"),
-                    )
-                )
-            except KeyError as exc:
-                raise SystemExit(f"{args.file}:{n}: missing field {exc}") from None
+    facts = list(read_facts(args.file))
     with open_engine(_engine_settings(args)) as eng:
         result = eng.gate.triage(facts, args.policy, apply=args.apply)
     for d in result.decisions:

@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,6 +26,7 @@ from engine.gate import keys as keymod
 from engine.gate import normalize as normmod
 from engine.gate import overlap
 from engine.gate.policy import Evidence, Policy, decide, policy_by_name
+from engine.store import Write, new_memory_id
 from engine.types import KINDS, Candidate, Decision, Fact, Memory
 
 __all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
@@ -271,7 +273,7 @@ class Gate:
 
         if apply:
             t0 = time.perf_counter()
-            decisions = self._commit(decisions, vectors, pol.name, inferred)
+            decisions = self._commit(decisions, vectors, pol.name)
             timings["store"] = time.perf_counter() - t0
         return TriageResult(decisions=decisions, timings=timings, nli_pairs=len(pairs))
 
@@ -319,8 +321,6 @@ class Gate:
         norm: dict[int, Any],
         inferred: dict[int, Any],
     ) -> list[Decision]:
-        from engine.store import new_memory_id
-
         ci, ei = self.nli.contradiction_index, self.nli.entailment_index
         decisions: list[Decision] = []
         # In-batch state: ids given to earlier facts, memories they superseded, keyed slots.
@@ -435,8 +435,7 @@ class Gate:
         return self.store.get(namespace, memory_id)
 
     def history(self, namespace: str, memory_id: str) -> list[Memory]:
-        chain: list[Memory] = self.store.history(namespace, memory_id)
-        return chain
+        return list(self.store.history(namespace, memory_id))
 
     def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]:
         """The ``k`` active memories most similar to ``query`` (episodic ones included)."""
@@ -501,32 +500,26 @@ class Gate:
         if not facts:
             return []
         vectors = self.embedder.embed([f.text for f in facts])
-        decisions = _ingest_decisions(facts, "ingest")
-        inferred = {i: keymod.infer_key(f.text) for i, f in enumerate(facts)}
         decisions = [
             Decision(
-                d.action,
-                d.fact,
+                "add",
+                f,
                 None,
                 (),
-                d.policy,
-                d.rule,
-                inferred_key=_key_str(inferred[i]),
-                memory_id=d.memory_id,
+                "ingest",
+                "ingest",
+                inferred_key=_key_str(keymod.infer_key(f.text)),
+                memory_id=new_memory_id(),
             )
-            for i, d in enumerate(decisions)
+            for f in facts
         ]
         with self.namespaces_locked({f.namespace for f in facts}):
-            return self._commit(decisions, vectors, "ingest", inferred)
+            return self._commit(decisions, vectors, "ingest")
 
     # -- commit --------------------------------------------------------------------------
     def _commit(
-        self, decisions: list[Decision], vectors: np.ndarray, policy: str, inferred: dict[int, Any]
+        self, decisions: list[Decision], vectors: np.ndarray, policy: str
     ) -> list[Decision]:
-        from dataclasses import replace as dc_replace
-
-        from engine.store import Write
-
         writes = [
             Write(
                 action=d.action,
@@ -597,11 +590,3 @@ def _old_value_match(norm: Any, memory: str) -> keymod.Relation | None:
 
 def _key_str(key: Any) -> str | None:
     return None if key is None else str(key)
-
-
-def _ingest_decisions(facts: Sequence[Fact], policy: str) -> list[Decision]:
-    from engine.store import new_memory_id
-
-    return [
-        Decision("add", f, None, (), policy, "ingest", memory_id=new_memory_id()) for f in facts
-    ]

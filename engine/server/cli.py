@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from engine.facts import read_facts
 
 __all__ = ["register"]
 
@@ -130,32 +130,6 @@ def _client(args: argparse.Namespace) -> Any:
     )
 
 
-def _read_facts(path: str) -> Iterator[Any]:
-    from engine.types import Fact
-
-    stream = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
-    try:
-        for n, line in enumerate(stream, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            try:
-                yield Fact(
-                    namespace=row["namespace"],
-                    text=row["text"],
-                    kind=row.get("kind", "semantic"),
-                    key=row.get("key"),
-                    metadata=row.get("metadata") or {},
-                    source=row.get("source"),
-                    idempotency_key=row.get("idempotency_key"),
-                )
-            except KeyError as exc:
-                raise SystemExit(f"{path}:{n}: missing field {exc}") from None
-    finally:
-        if stream is not sys.stdin:
-            stream.close()
-
-
 def _emit(obj: Any) -> None:
     print(json.dumps(obj, default=str, ensure_ascii=False))
 
@@ -182,13 +156,13 @@ def cmd_client(args: argparse.Namespace) -> int:
         rpc = args.rpc
         if rpc in ("triage", "write"):
             method = mg.triage if rpc == "triage" else mg.write
-            out = method(list(_read_facts(args.file)), args.policy, _overrides(args))
+            out = method(list(read_facts(args.file)), args.policy, _overrides(args))
             for d in out.decisions:
                 _emit(_decision(d))
             _emit({"timings": out.timings, "request_id": out.request_id})
         elif rpc == "backfill":
             for d in mg.backfill(
-                _read_facts(args.file),
+                read_facts(args.file),
                 args.policy,
                 dry_run=args.dry_run,
                 overrides=_overrides(args),
