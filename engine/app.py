@@ -21,7 +21,7 @@ log = logging.getLogger("memgate")
 @dataclass(frozen=True)
 class EngineSettings:
     data_dir: Path = Path("memgate-data")
-    """Where the store (memgate.db) lives."""
+    """Where the store (memgate.db) lives, and its index snapshots (``index/``)."""
     cache_dir: Path = Path.home() / ".cache" / "memgate"
     """Where built model artefacts live (``memgate models build``)."""
     models: ModelChoice = field(default_factory=ModelChoice)
@@ -30,6 +30,10 @@ class EngineSettings:
     gate: GateSettings = field(default_factory=GateSettings)
     index: IndexSettings = field(default_factory=IndexSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    snapshots: bool = True
+    """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads
+    them (verified, reconciled) instead of rebuilding; ``IndexSettings.snapshot_min_vectors``
+    says how large."""
 
 
 @dataclass
@@ -38,7 +42,11 @@ class Engine:
     settings: EngineSettings
 
     def close(self) -> None:
-        self.gate.store.close()
+        """Snapshot the loaded indexes (graceful shutdown), then close the store."""
+        try:
+            self.gate.index.close()
+        finally:
+            self.gate.store.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -56,5 +64,14 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
     path = db_path or Path(settings.data_dir) / "memgate.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     store = SQLiteStore(path, settings.store)
-    index = IndexManager(store.iter_active_embeddings, settings.index)
+    if settings.snapshots:
+        # Next to the database they derive from; the server verifies them before SERVING.
+        index = IndexManager(
+            store.iter_active_embeddings,
+            settings.index,
+            snapshot_dir=path.parent / "index",
+            source=store,
+        )
+    else:
+        index = IndexManager(store.iter_active_embeddings, settings.index)
     return Engine(Gate(store, index, embedder, nli, settings.gate), settings)

@@ -17,13 +17,15 @@ table, read backwards), with ``code`` (the gRPC status name) and ``request_id`` 
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from engine.errors import MemgateError
+from engine.errors import DeadlineExceeded, InvalidInput, MemgateError
 from engine.server import convert
 from engine.server.proto import pb, pb_grpc
 from engine.server.status import error_class
@@ -49,8 +51,9 @@ class Resolved:
     memory_id: str | None
 
 
-# Only RESOURCE_EXHAUSTED: admission refuses before any work. UNAVAILABLE is not retried here,
-# since a connection lost mid-Write may have committed (use idempotency keys, then retry).
+# Only RESOURCE_EXHAUSTED: admission refuses before any work. UNAVAILABLE is not retried by the
+# channel, since a connection lost mid-Write may have committed: ``write`` retries it itself, and
+# only when every fact carries an idempotency key (the retry then replays the first commit).
 _RETRY_CONFIG = json.dumps(
     {
         "methodConfig": [
@@ -67,6 +70,18 @@ _RETRY_CONFIG = json.dumps(
         ]
     }
 )
+
+
+_BACKOFF_S = 0.05
+"""First retry pause bound of an idempotent write (full jitter), doubled per attempt."""
+_MAX_BACKOFF_S = 1.0
+
+
+def _translate_deadline() -> MemgateError:
+    exc = DeadlineExceeded("the deadline passed between retries of an idempotent write")
+    exc.code = "DEADLINE_EXCEEDED"  # type: ignore[attr-defined]
+    exc.request_id = ""  # type: ignore[attr-defined]
+    return exc
 
 
 def _request_id(metadata: Any) -> str:
@@ -96,6 +111,13 @@ class MemgateClient:
     ``timeout``: the default deadline of every call, in seconds (None: no deadline).
     ``retry``: retry calls refused by admission control (RESOURCE_EXHAUSTED) up to 3 times with
     jittered exponential backoff. A refused call did no work, so even a Write is safe to retry.
+    Also retry a :meth:`write` that failed with UNAVAILABLE (a lost connection, a draining
+    server) up to ``write_attempts`` attempts in all, within the call's one deadline, when every
+    fact carries an idempotency key: if the lost attempt committed, the retry replays its
+    result (``Decision.replayed``) and stores nothing twice. A write with a fact lacking a key
+    is never retried on UNAVAILABLE (it may have committed).
+    ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped around the channel
+    (tracing, fault injection in tests).
     """
 
     def __init__(
@@ -107,8 +129,12 @@ class MemgateClient:
         tls_server_name: str | None = None,
         timeout: float | None = 30.0,
         retry: bool = True,
+        write_attempts: int = 5,
         max_message_bytes: int = 16 << 20,
+        interceptors: Sequence[Any] = (),
     ) -> None:
+        if not 1 <= write_attempts <= 100:
+            raise InvalidInput(f"write_attempts must be in [1, 100], got {write_attempts}")
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -123,7 +149,10 @@ class MemgateClient:
             roots = tls if isinstance(tls, bytes) else None
             creds = grpc.ssl_channel_credentials(root_certificates=roots)
             self._channel = grpc.secure_channel(target, creds, options=options)
-        self._stub = pb_grpc.MemgateStub(self._channel)
+        channel = grpc.intercept_channel(self._channel, *interceptors) if interceptors else None
+        self._stub = pb_grpc.MemgateStub(channel or self._channel)
+        self._health_channel = channel or self._channel
+        self._write_attempts = write_attempts if retry else 1
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -139,14 +168,34 @@ class MemgateClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: Any, request: Any, timeout: float | None) -> tuple[Any, str]:
-        try:
-            response, call = method.with_call(
-                request, timeout=self._timeout(timeout), metadata=self._metadata
-            )
-        except grpc.RpcError as err:
-            raise _translate(err) from None
-        return response, _request_id(call.trailing_metadata())
+    def _call(
+        self, method: Any, request: Any, timeout: float | None, attempts: int = 1
+    ) -> tuple[Any, str]:
+        """One call; with ``attempts`` > 1, UNAVAILABLE is retried (jittered exponential
+        backoff) while attempts and the call's deadline last."""
+        limit = self._timeout(timeout)
+        deadline = None if limit is None else time.monotonic() + limit
+        backoff = _BACKOFF_S
+        for attempt in range(1, attempts + 1):
+            remaining = None if deadline is None else deadline - time.monotonic()
+            try:
+                if remaining is not None and remaining <= 0:
+                    raise _translate_deadline()
+                response, call = method.with_call(
+                    request, timeout=remaining, metadata=self._metadata
+                )
+            except grpc.RpcError as err:
+                exc = _translate(err)
+                if exc.code != "UNAVAILABLE" or attempt == attempts:  # type: ignore[attr-defined]
+                    raise exc from None
+                pause = random.uniform(0, backoff)
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    raise exc from None
+                time.sleep(pause)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            return response, _request_id(call.trailing_metadata())
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _timeout(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -163,6 +212,7 @@ class MemgateClient:
         policy: str,
         overrides: Mapping[str, Any] | None,
         timeout: float | None,
+        retry_unavailable: bool = False,
     ) -> Triaged:
         facts = list(facts)
         request = request_type(
@@ -170,7 +220,10 @@ class MemgateClient:
             policy=convert.policy_to_pb(policy),
             overrides=convert.overrides_to_pb(overrides),
         )
-        response, rid = self._call(method, request, timeout)
+        attempts = 1
+        if retry_unavailable and all(f.idempotency_key for f in facts):
+            attempts = self._write_attempts
+        response, rid = self._call(method, request, timeout, attempts)
         decisions = [convert.decision_from_pb(d, facts[d.index]) for d in response.decisions]
         return Triaged(decisions, convert.timings_from_pb(response.timings), rid)
 
@@ -194,8 +247,12 @@ class MemgateClient:
         *,
         timeout: float | None = None,
     ) -> Triaged:
-        """Decide and commit ``facts`` in one transaction; decisions carry the stored ids."""
-        return self._decide(self._stub.Write, pb.WriteRequest, facts, policy, overrides, timeout)
+        """Decide and commit ``facts`` in one transaction; decisions carry the stored ids.
+
+        Retried on UNAVAILABLE when every fact carries an idempotency key (see the class)."""
+        return self._decide(
+            self._stub.Write, pb.WriteRequest, facts, policy, overrides, timeout, True
+        )
 
     def recall(
         self, namespace: str, query: str, k: int = 10, *, timeout: float | None = None
@@ -292,7 +349,7 @@ class MemgateClient:
         """``SERVING`` or ``NOT_SERVING`` (``service``: "" for the server, or the service name)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        stub = health_pb2_grpc.HealthStub(self._channel)
+        stub = health_pb2_grpc.HealthStub(self._health_channel)
         try:
             response = stub.Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=self._timeout(timeout)

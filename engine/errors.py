@@ -14,8 +14,8 @@
     ├── DeadlineExceeded          the request's deadline passed before it was served
     ├── ModelError                artefacts missing, tampered, or of the wrong shape
     │   └── ManifestMismatch      a file's hash, labels, or max length differ from the manifest
-    ├── StorageError              the store could not persist; fail-stop
-    │   └── StorageFull           the disk is full
+    ├── StorageError              the store could not persist (I/O error, failed fsync); fail-stop
+    │   └── StorageFull           the disk is full; fail-stop too
     └── Unavailable               the engine is shutting down or not yet serving
 
 Lower-level errors (sqlite3, onnxruntime, faiss) are translated into these at the module
@@ -83,11 +83,14 @@ class ManifestMismatch(ModelError):
 
 
 class StorageError(MemgateError):
-    """The store could not persist a write. The engine stops accepting writes."""
+    """The store could not persist a write (or read its file). Fail-stop: the server turns
+    NOT_SERVING and refuses every later write until it is restarted; the store itself refuses
+    every later call after an I/O error (it is poisoned). gRPC: UNAVAILABLE."""
 
 
 class StorageFull(StorageError):
-    """The disk holding the store is full."""
+    """The disk holding the store is full. Nothing of the failed write was stored. Fail-stop
+    like its parent, but every refusal says why. gRPC: RESOURCE_EXHAUSTED."""
 
 
 class Unavailable(MemgateError):

@@ -102,8 +102,8 @@ def validate_fact(fact: Fact, settings: GateSettings) -> None:
         raise InvalidInput(f"unknown kind {fact.kind!r}: choose one of {', '.join(KINDS)}")
     if fact.key is not None and (not fact.key.strip() or len(fact.key) > 256):
         raise InvalidInput("key must be 1-256 characters")
-    if fact.idempotency_key is not None and not 1 <= len(fact.idempotency_key) <= 256:
-        raise InvalidInput("idempotency_key must be 1-256 characters")
+    if fact.idempotency_key is not None and not 1 <= len(fact.idempotency_key) <= 128:
+        raise InvalidInput("idempotency_key must be 1-128 characters")
 
 
 def _same_text(a: str, b: str) -> bool:
@@ -160,9 +160,81 @@ class Gate:
         if not facts:
             return TriageResult(decisions=[])
         if not apply:
-            return self._triage(facts, pol, apply=False)
+            return self._triage_replays(facts, pol, apply=False)
         with self.namespaces_locked({f.namespace for f in facts}):
-            return self._triage(facts, pol, apply=True)
+            return self._triage_replays(facts, pol, apply=True)
+
+    # -- idempotent replays ------------------------------------------------------------------
+    def _triage_replays(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
+        """Set replays aside, decide the rest, and put the replays back in their places.
+
+        A fact whose idempotency key the store already holds, or that repeats the key of an
+        earlier fact of this batch, is a *replay*: it answers the recorded result (or that
+        earlier fact's) and takes no part in the decisions. Left in, it would be decided afresh
+        and could hand a later fact of the batch an in-batch target (a memory id it assigned)
+        that its replayed commit never stores, or hide a memory its stale decision replaced.
+        Runs under the namespace locks when ``apply``, so no other writer of this engine can
+        commit one of these keys between the look-up and the commit.
+        """
+        recorded = self._recorded(facts)
+        first: dict[tuple[str, str], int] = {}
+        replay_of: dict[int, int] = {}  # index -> earlier index of this batch with the same key
+        for i, fact in enumerate(facts):
+            if fact.idempotency_key is None or i in recorded:
+                continue
+            slot = (fact.namespace, fact.idempotency_key)
+            if slot in first:
+                replay_of[i] = first[slot]
+            else:
+                first[slot] = i
+        if not recorded and not replay_of:
+            return self._triage(facts, pol, apply=apply)
+        live = [i for i in range(len(facts)) if i not in recorded and i not in replay_of]
+        result = (
+            self._triage([facts[i] for i in live], pol, apply=apply)
+            if live
+            else TriageResult(decisions=[])
+        )
+        decided = dict(zip(live, result.decisions, strict=True))
+        decisions: list[Decision] = []
+        for i, fact in enumerate(facts):
+            if i in recorded:
+                r = recorded[i]
+                decisions.append(
+                    Decision(
+                        r.action,
+                        fact,
+                        r.target_id,
+                        (),
+                        pol.name,
+                        "replayed",
+                        memory_id=r.memory_id,
+                        review_id=r.review_id,
+                        replayed=True,
+                    )
+                )
+            elif i in replay_of:
+                d = decided[replay_of[i]]
+                decisions.append(dc_replace(d, fact=fact, replayed=True))
+            else:
+                decisions.append(decided[i])
+        result.decisions = decisions
+        return result
+
+    def _recorded(self, facts: Sequence[Fact]) -> dict[int, Any]:
+        """The store's recorded result for every fact whose idempotency key it already holds."""
+        keys: dict[str, list[int]] = defaultdict(list)
+        for i, fact in enumerate(facts):
+            if fact.idempotency_key is not None:
+                keys[fact.namespace].append(i)
+        out: dict[int, Any] = {}
+        for ns, idx in keys.items():
+            found = self.store.idempotent_results(ns, [facts[i].idempotency_key for i in idx])
+            for i in idx:
+                r = found.get(facts[i].idempotency_key)
+                if r is not None:
+                    out[i] = r
+        return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
         timings: dict[str, float] = {}

@@ -85,6 +85,10 @@ class NamespaceIndex:
         self._nlist = nlist
         self._built_n = built_n
         self._ids: set[int] = set()
+        self.generation = 0
+        """Counts the changes (adds and removes that changed something) since construction."""
+        self.saved_generation = -1
+        """The generation a snapshot on disk holds (set by the manager); -1: none."""
 
     @classmethod
     def build(
@@ -180,6 +184,93 @@ class NamespaceIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    @property
+    def built_n(self) -> int:
+        """Vectors the index was built (for IVF: trained) with."""
+        return self._built_n
+
+    def rowids(self) -> np.ndarray:
+        """The rowids held, sorted (int64)."""
+        return np.array(sorted(self._ids), dtype=np.int64)
+
+    def vectors(self, rowids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The stored (normalised) vectors of ``rowids`` [n, dim]; ``InvalidInput`` for a
+        rowid that is not held."""
+        ids = _rowids(rowids)
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for i, r in enumerate(ids.tolist()):
+            if r not in self._ids:
+                raise InvalidInput(f"rowid {r} is not in the index")
+            out[i] = self._index.reconstruct(r)
+        return out
+
+    # -- serialisation ---------------------------------------------------------------------
+
+    def to_bytes(self) -> np.ndarray:
+        """The FAISS index as bytes (``faiss.serialize_index``; uint8 array, no copy to bytes)."""
+        return np.asarray(faiss.serialize_index(self._index), dtype=np.uint8)
+
+    @classmethod
+    def from_bytes(
+        cls,
+        payload: bytes | memoryview | np.ndarray,
+        settings: IndexSettings,
+        kind: IndexKind,
+        count: int,
+        built_n: int,
+    ) -> NamespaceIndex:
+        """An index from :meth:`to_bytes` output, checked against what the caller expects.
+
+        Raises ``ValueError`` when the payload does not deserialise or is not an index of
+        ``kind`` and ``settings.dim`` (inner product) holding ``count`` distinct rowids.
+        Call it on verified bytes only: FAISS trusts the lengths it reads.
+        """
+        buf = np.frombuffer(payload, dtype=np.uint8)
+        try:
+            index = faiss.deserialize_index(buf)
+        except RuntimeError as exc:
+            raise ValueError(f"payload does not deserialise: {str(exc)[:200]}") from None
+        dim = settings.dim
+        if int(index.d) != dim or int(index.metric_type) != faiss.METRIC_INNER_PRODUCT:
+            raise ValueError("payload has another dimension or metric")
+        if int(index.ntotal) != count:
+            raise ValueError(f"payload holds {index.ntotal} vectors, header says {count}")
+        nlist = 0
+        if kind == "exact":
+            if not isinstance(index, faiss.IndexIDMap2):
+                raise ValueError(f"payload is a {type(index).__name__}, not an exact index")
+            inner = faiss.downcast_index(index.index)
+            if not isinstance(inner, faiss.IndexFlat) or int(inner.ntotal) != count:
+                raise ValueError("exact payload does not wrap a flat index")
+            ids = faiss.vector_to_array(index.id_map).astype(np.int64, copy=False)
+        elif kind == "ivf":
+            if not isinstance(index, faiss.IndexIVFFlat) or not index.is_trained:
+                raise ValueError(f"payload is a {type(index).__name__}, not a trained IVF index")
+            nlist = int(index.nlist)
+            if not 1 <= nlist <= max(1, count, built_n) or int(index.quantizer.ntotal) != nlist:
+                raise ValueError("IVF payload has an inconsistent number of lists")
+            parts = []
+            lists = index.invlists
+            if lists is None:
+                raise ValueError("IVF payload has no inverted lists")
+            for li in range(nlist):
+                size = int(lists.list_size(li))
+                if size:
+                    parts.append(faiss.rev_swig_ptr(lists.get_ids(li), size).copy())
+            ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
+            if index.direct_map.type != faiss.DirectMap.Hashtable:  # type: ignore[attr-defined]
+                index.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]
+            index.nprobe = min(settings.nprobe, nlist)
+        else:
+            raise ValueError(f"kind must be 'exact' or 'ivf', got {kind!r}")
+        if len(ids) != count or (count and int(ids.min()) < 0):
+            raise ValueError("payload ids do not match its count")
+        out = cls(settings, kind, index, nlist=nlist, built_n=built_n)
+        out._ids = set(ids.tolist())
+        if len(out._ids) != count:
+            raise ValueError("payload repeats a rowid")
+        return out
+
     # -- mutation --------------------------------------------------------------------------
 
     def add(self, rowids: Sequence[int] | np.ndarray, vecs: np.ndarray) -> int:
@@ -201,6 +292,7 @@ class NamespaceIndex:
             return 0
         self._index.add_with_ids(x, ids)
         self._ids.update(ids.tolist())
+        self.generation += 1
         return len(ids)
 
     def remove(self, rowids: Sequence[int] | np.ndarray) -> int:
@@ -218,6 +310,7 @@ class NamespaceIndex:
         else:
             removed = int(self._index.remove_ids(present))
         self._ids.difference_update(present.tolist())
+        self.generation += 1
         if removed != len(present):  # pragma: no cover - would mean our id set drifted
             raise RuntimeError(f"faiss removed {removed} of {len(present)} vectors")
         return removed

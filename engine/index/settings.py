@@ -35,6 +35,13 @@ class IndexSettings:
     ``exact_max``) reports ``needs_rebuild``."""
     seed: int = 0
     """Seed of the k-means training subsample, so rebuilds are reproducible."""
+    snapshot_min_vectors: int = 1_000
+    """With a snapshot directory (``IndexManager(snapshot_dir=...)``): namespaces holding at
+    least this many vectors are snapshotted after a build, on eviction and on ``close``;
+    smaller ones are cheap to rebuild from the store and have their snapshot removed."""
+    reconcile_max_fraction: float = 0.5
+    """A snapshot whose rowids differ from the store's active set by more than this fraction
+    of the namespace is not patched but rebuilt from the store."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.dim <= 65_536:
@@ -63,6 +70,14 @@ class IndexSettings:
             raise InvalidInput(f"rebuild_factor must be in (1, 1000], got {self.rebuild_factor}")
         if not 0 <= self.seed < 1 << 32:
             raise InvalidInput(f"seed must be in [0, 2**32), got {self.seed}")
+        if not 0 <= self.snapshot_min_vectors <= 1 << 40:
+            raise InvalidInput(
+                f"snapshot_min_vectors must be in [0, 2**40], got {self.snapshot_min_vectors}"
+            )
+        if not 0.0 <= self.reconcile_max_fraction <= 1.0:
+            raise InvalidInput(
+                f"reconcile_max_fraction must be in [0, 1], got {self.reconcile_max_fraction}"
+            )
 
     def lists_for(self, n: int) -> int:
         """IVF lists for a namespace of ``n`` vectors."""

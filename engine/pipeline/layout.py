@@ -4,6 +4,10 @@
 ``<variant>.tmp-XXXX`` directory and renames it into place only once its manifest verifies, so a
 crash leaves either the old artefact or the new one, never a mix. One build at a time holds
 ``<cache_dir>/models/.build.lock``.
+
+Names and variants are single plain path segments (no ``/``, no ``..``, not absolute), and an
+artefact directory must resolve inside ``<cache_dir>/models``: a link that leads out of the cache
+is refused before anything under it is listed or opened.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ __all__ = [
     "MODELS_DIR",
     "artefact_dir",
     "build_lock",
+    "check_name",
+    "inside_cache",
     "iter_artefacts",
     "model_dir",
     "staging",
@@ -39,14 +45,32 @@ def _segment(value: str, what: str) -> str:
     return value
 
 
+def check_name(value: str, what: str) -> str:
+    """``value`` if it is a plain name (one path segment of ``[A-Za-z0-9._-]``), else
+    ``InvalidInput`` naming ``what``."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    return _segment(value, what)
+
+
 def model_dir(cache_dir: Path, name: str) -> Path:
     """``<cache_dir>/models/<name>``: the variants of one model."""
-    return Path(cache_dir) / MODELS_DIR / _segment(name, "model name")
+    return Path(cache_dir) / MODELS_DIR / check_name(name, "model name")
 
 
 def artefact_dir(cache_dir: Path, name: str, variant: str) -> Path:
     """``<cache_dir>/models/<name>/<variant>``: one artefact (model.onnx, tokenizer, manifest)."""
-    return model_dir(cache_dir, name) / _segment(variant, "variant")
+    return model_dir(cache_dir, name) / check_name(variant, "variant")
+
+
+def inside_cache(cache_dir: Path, path: Path) -> Path:
+    """``path``, after checking that it resolves inside ``<cache_dir>/models`` (links are
+    followed: one that leads out of the cache is a ``ModelError``)."""
+    root = (Path(cache_dir) / MODELS_DIR).resolve()
+    resolved = Path(path).resolve()
+    if resolved != root and root not in resolved.parents:
+        raise ModelError(f"{path} resolves to {resolved}, outside the model cache {root}")
+    return Path(path)
 
 
 def iter_artefacts(cache_dir: Path) -> Iterator[Path]:

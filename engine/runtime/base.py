@@ -4,7 +4,9 @@ Every model is ``preprocess -> forward -> postprocess``:
 
 * ``preprocess`` tokenises with the fast ``tokenizers`` library, counts truncation at the model's
   max length, sorts the items by token length and cuts them into length buckets, each padded only
-  to its own longest item (or to the static length a fixed-shape graph demands);
+  to its own longest item (or to the static length a fixed-shape graph demands). A text far longer
+  than the model can see is first *clipped* at a word boundary, so tokenising it costs what a
+  max-length text costs (the model saw only its first ``max_length`` tokens anyway);
 * ``forward`` runs the ONNX session once per bucket;
 * ``postprocess`` turns raw outputs into results and restores the caller's order.
 
@@ -14,20 +16,29 @@ Splitting the steps lets a batcher tokenise batch n+1 while batch n is in the mo
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Generic, Literal, TypeVar
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from engine.errors import InvalidInput, ManifestMismatch
+from engine.errors import InvalidInput, ManifestMismatch, ModelError
 from engine.runtime.manifest import Manifest
 from engine.runtime.session import OrtModel, SessionSettings
 
-__all__ = ["BatchSettings", "Bucket", "Prepared", "RunStats", "TokenModel"]
+__all__ = ["CLIP_CHARS_PER_TOKEN", "BatchSettings", "Bucket", "Prepared", "RunStats", "TokenModel"]
 
 Item = TypeVar("Item")
+
+_BLANKS = " \t\n\r"
+"""Where a text may be clipped: every tokenizer here splits words at these (a rarer Unicode
+space may be dropped or joined by a normaliser, so it is never a cut point)."""
+
+CLIP_CHARS_PER_TOKEN = 8
+"""A text longer than ``max_length x this`` characters is clipped before tokenising. English
+averages 4-6 characters per token; a clipped prefix is kept only when it still holds more than
+``max_length`` tokens, so the tokens the model sees are the same either way."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,9 @@ class RunStats:
     items: int = 0
     truncated: int = 0
     """Items cut at the model's max length (their tail was not seen by the model)."""
+    clipped: int = 0
+    """Items (texts, or sides of a pair) cut by characters before tokenising: far longer than
+    the model's max length. Each is also counted in ``truncated``."""
     real_tokens: int = 0
     padded_tokens: int = 0
     batches: int = 0
@@ -110,6 +124,7 @@ class TokenModel(Generic[Item]):
         self.tokenizer = Tokenizer.from_file(str(manifest.tokenizer_path))
         self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(manifest.max_length)
+        self.clip_chars = manifest.max_length * CLIP_CHARS_PER_TOKEN
         pad = self.tokenizer.token_to_id("[PAD]")
         self.pad_id = 0 if pad is None else pad
         self.totals = RunStats()
@@ -118,13 +133,78 @@ class TokenModel(Generic[Item]):
         self.row_invariant = mode == "on" or (mode == "auto" and quantised)
         self.max_batch = 1 if self.row_invariant else self.batching.max_batch
         self._check_outputs()
+        self._check_max_length()
 
     def _check_outputs(self) -> None:
         """Subclasses check the graph's outputs against the manifest."""
 
+    def _check_max_length(self) -> None:
+        """The graph takes inputs of the manifest's max length: a static graph declares exactly
+        that width, and one forward pass at that width runs. A max length the model cannot take
+        (a tampered manifest, a graph whose position table is shorter) is refused at start, not
+        on the first long text."""
+        m = self.manifest
+        width = m.static_length or m.max_length
+        declared = self.model.input_shapes.get("input_ids", ())
+        if m.static_length is not None and declared and declared[-1] != m.static_length:
+            raise ManifestMismatch(
+                f"{m.describe()}: the graph takes inputs of width {declared[-1]}, "
+                f"the manifest says static_length {m.static_length}"
+            )
+        ids = np.full((1, width), self.pad_id, dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": ids * 0}
+        try:
+            self.model.run(feeds, quiet=True)
+        except ModelError as exc:
+            raise ManifestMismatch(
+                f"{m.describe()}: the graph does not take inputs of the manifest's max_length "
+                f"{width} ({exc})"
+            ) from exc
+
     # -- contract -------------------------------------------------------------------------
     def encode(self, items: Sequence[Item]) -> list[Encoding]:
+        """Tokenise ``items`` (truncated at the model's max length)."""
+        return self._encode(items)[0]
+
+    def _encode(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
+        """The encodings, and how many texts were clipped first. Subclasses validate the items
+        and tokenise them through :meth:`clip`."""
         raise NotImplementedError
+
+    def clip(self, text: str, count: Callable[[], None], more_than: int | None = None) -> str:
+        """``text``, or a prefix of it, cut just before a run of blanks, that still holds more
+        than ``more_than`` tokens (default: ``max_length``): tokenising a 100x longer text then
+        costs about what a max-length one does, and the model sees the same tokens (the
+        tokenizers split words at blanks, so the prefix's tokens are the first tokens of the
+        whole text). ``count()`` is called when it clips.
+
+        The prefix starts at ``max_length x CLIP_CHARS_PER_TOKEN`` characters and grows 4x
+        while it holds too few tokens (text padded with blanks or characters the tokenizer
+        drops), so no text costs more than about 4/3 of tokenising it whole. A word longer
+        than the window is never cut (sub-word segmentation depends on the whole word)."""
+        need = self.manifest.max_length if more_than is None else more_than
+        size = self.clip_chars
+        while len(text) > size:
+            # Cut where the last run of blanks in the window begins (string scans, no regex:
+            # a crafted text must not make the cut itself expensive).
+            last = max(text.rfind(b, 0, size) for b in _BLANKS)
+            end = len(text[:last].rstrip(_BLANKS)) if last > 0 else 0
+            if end == 0:  # one huge word: end the prefix after it
+                later = [i for i in (text.find(b, size) for b in _BLANKS) if i >= 0]
+                if not later:
+                    return text
+                end = len(text[: min(later)].rstrip(_BLANKS))
+            prefix = text[:end]
+            if end > 0 and self.count_tokens(prefix) > need:
+                count()
+                return prefix
+            size = max(size * 4, end + 1)
+        return text
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text`` without special tokens, however many (not truncated)."""
+        enc = self.tokenizer.encode(text, add_special_tokens=False)
+        return len(enc.ids) + sum(len(o.ids) for o in enc.overflowing)
 
     def token_lengths(self, items: Sequence[Item]) -> list[int]:
         """Token counts after truncation: what a batcher's token budget is measured in."""
@@ -132,8 +212,8 @@ class TokenModel(Generic[Item]):
 
     def preprocess(self, items: Sequence[Item]) -> Prepared:
         t0 = time.perf_counter()
-        encodings = self.encode(items)
-        stats = RunStats(items=len(encodings))
+        encodings, clipped = self._encode(items)
+        stats = RunStats(items=len(encodings), clipped=clipped)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         stats.truncated = sum(1 for e in encodings if e.overflowing)
         stats.real_tokens = int(lengths.sum())

@@ -26,11 +26,19 @@ class Embedder(TokenModel[str]):
                 f"manifest embedding_dim {self.dim}"
             )
 
-    def encode(self, items: Sequence[str]) -> list[Encoding]:
+    def _encode(self, items: Sequence[str]) -> tuple[list[Encoding], int]:
+        clipped = 0
+
+        def count() -> None:
+            nonlocal clipped
+            clipped += 1
+
+        texts = []
         for text in items:
             if not isinstance(text, str):
                 raise InvalidInput(f"embedder input must be str, got {type(text).__name__}")
-        return list(self.tokenizer.encode_batch(list(items), add_special_tokens=True))
+            texts.append(self.clip(text, count))
+        return list(self.tokenizer.encode_batch(texts, add_special_tokens=True)), clipped
 
     def postprocess(self, outputs: list[list[np.ndarray]], prepared: Prepared) -> np.ndarray:
         result = np.zeros((prepared.n, self.dim), dtype=np.float32)

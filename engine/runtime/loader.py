@@ -2,6 +2,11 @@
 
 Layout: ``<cache_dir>/models/<name>/<variant>/manifest.json``. The cache directory is chosen at
 the edge (CLI flag or ``MEMGATE_HOME``) and passed in; nothing here reads the environment.
+
+Model names and variants are plain names, checked when a :class:`ModelChoice` is made; every
+directory is checked to resolve inside the cache before it is listed or read, and each manifest
+vouches for its files (:mod:`engine.runtime.manifest`). A refused artefact is a
+:class:`~engine.errors.ModelError` that says which and why, at start.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.pipeline.layout import artefact_dir
+from engine.pipeline.layout import artefact_dir, check_name, inside_cache, model_dir
 from engine.runtime.base import BatchSettings
 from engine.runtime.embedder import Embedder
 from engine.runtime.manifest import Manifest, load_manifest
@@ -40,14 +45,27 @@ class ModelChoice:
     allow_random_weights: bool = False
     """Serve a random-initialised NLI model (speed work only: its decisions are noise)."""
 
+    def __post_init__(self) -> None:
+        check_name(self.embedder_variant, "embedder variant")
+        for value, what in ((self.nli, "NLI model name"), (self.nli_variant, "NLI variant")):
+            if value != "auto":
+                check_name(value, what)
+
 
 def _variants(cache_dir: Path, name: str) -> list[str]:
-    root = Path(cache_dir) / "models" / name
-    return (
-        sorted(p.name for p in root.iterdir() if (p / "manifest.json").is_file())
-        if root.is_dir()
-        else []
-    )
+    root = model_dir(cache_dir, name)
+    if not root.is_dir():
+        return []
+    inside_cache(cache_dir, root)
+    # Every entry is checked before anything under it is looked at: a variant that links out
+    # of the cache is refused even when another one would have been chosen.
+    entries = [inside_cache(cache_dir, p) for p in sorted(root.iterdir())]
+    return [p.name for p in entries if p.is_dir() and (p / "manifest.json").is_file()]
+
+
+def _load(cache_dir: Path, name: str, variant: str) -> Manifest:
+    """The verified manifest of one artefact inside the cache."""
+    return load_manifest(inside_cache(cache_dir, artefact_dir(cache_dir, name, variant)))
 
 
 def resolve_nli(cache_dir: Path, choice: ModelChoice, device: str) -> Manifest:
@@ -66,7 +84,7 @@ def resolve_nli(cache_dir: Path, choice: ModelChoice, device: str) -> Manifest:
         if variant is None:
             problems.append(f"{name}: none of {order} built (have {variants})")
             continue
-        manifest = load_manifest(artefact_dir(cache_dir, name, variant))
+        manifest = _load(cache_dir, name, variant)
         if manifest.weights == "random" and not choice.allow_random_weights:
             problems.append(f"{name}: random-initialised weights (speed work only)")
             continue
@@ -89,8 +107,7 @@ def load_models(
     """Verify the manifests and load both runtimes."""
     choice = choice or ModelChoice()
     session = session or SessionSettings()
-    emb_dir = artefact_dir(cache_dir, EMBEDDER, choice.embedder_variant)
-    embedder = Embedder(load_manifest(emb_dir), session, batching)
+    embedder = Embedder(_load(cache_dir, EMBEDDER, choice.embedder_variant), session, batching)
     nli = NLIScorer(resolve_nli(cache_dir, choice, session.device), session, batching)
     log.info(
         "models: %s + %s on %s",

@@ -4,13 +4,22 @@ Every artefact directory holds ``manifest.json`` next to its files. The runtime 
 that the manifest does not vouch for: each listed file's sha256 and size are checked before a
 session is created, the model file must be listed, and label order, max length and pooling are
 read from here, never from constants in code. Paths in a manifest are plain file names inside the
-artefact directory; anything that escapes it (``..``, absolute paths, links out) is refused.
+artefact directory; anything that escapes it (``..``, absolute paths, links out, a
+``manifest.json`` that is itself a link out) is refused before it is opened.
+
+The manifest seals itself: ``manifest_sha256`` is the sha256 of its canonical JSON without that
+field, so a hand edit of labels, max length or a file hash is refused. (This is integrity, not
+authenticity: whoever may rewrite the cache may also reseal it.) Manifests written before the seal
+existed load with a warning; where the artefact ships a ``config.json`` (hashed like every file),
+its label order and position table must agree with the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,17 +27,22 @@ from typing import Any, Literal
 from engine.errors import ManifestMismatch, ModelError
 
 __all__ = [
+    "DIGEST_KEY",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
     "Manifest",
     "file_record",
     "load_manifest",
+    "manifest_digest",
     "sha256_file",
     "write_manifest",
 ]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+DIGEST_KEY = "manifest_sha256"
+
+log = logging.getLogger("memgate.runtime")
 
 Task = Literal["embedding", "nli"]
 
@@ -97,10 +111,22 @@ def _inside(directory: Path, rel: str) -> Path:
     return path
 
 
+def manifest_digest(body: Mapping[str, Any]) -> str:
+    """The seal: sha256 of the manifest's canonical JSON, without the seal itself."""
+    rest = {k: v for k, v in body.items() if k != DIGEST_KEY}
+    canonical = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
 def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
-    """Read ``directory/manifest.json``; with ``verify`` check every file's size and sha256."""
+    """Read ``directory/manifest.json``; with ``verify`` check its seal and every file's size
+    and sha256."""
     directory = Path(directory)
     path = directory / MANIFEST_NAME
+    if path.is_symlink() or (path.exists() and path.resolve().parent != directory.resolve()):
+        raise ManifestMismatch(
+            f"{path} is a link: a manifest must be a plain file in its directory"
+        )
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -134,14 +160,67 @@ def load_manifest(directory: str | Path, *, verify: bool = True) -> Manifest:
             inputs=tuple(raw.get("inputs", ("input_ids", "attention_mask"))),
             outputs=tuple(raw.get("outputs", ())),
             source=dict(raw.get("source", {})),
-            extra={k: v for k, v in raw.items() if k not in _KNOWN},
+            extra={k: v for k, v in raw.items() if k not in _KNOWN and k != DIGEST_KEY},
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestMismatch(f"{path}: malformed manifest ({exc!r})") from exc
     _check_consistency(manifest)
     if verify:
+        for rel in manifest.files:  # where the files are, before what they hold
+            _inside(manifest.directory, rel)
+        _check_seal(raw, path)
         verify_files(manifest)
+        _check_config(manifest)
     return manifest
+
+
+def _check_seal(raw: Mapping[str, Any], path: Path) -> None:
+    seal = raw.get(DIGEST_KEY)
+    if seal is None:
+        log.warning(
+            "%s has no %s (written before manifests were sealed): edits to its labels or max "
+            "length cannot be detected; rebuild it with `memgate models build --force`",
+            path,
+            DIGEST_KEY,
+        )
+        return
+    if seal != manifest_digest(raw):
+        raise ManifestMismatch(
+            f"{path} was edited after it was written: its {DIGEST_KEY} does not match its "
+            "content (labels, max length, file hashes...); rebuild the artefact"
+        )
+
+
+def _check_config(m: Manifest) -> None:
+    """A hashed ``config.json`` (exported models ship one) must agree with the manifest."""
+    if "config.json" not in m.files:
+        return
+    try:
+        config = json.loads((m.directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ManifestMismatch(f"{m.directory}: config.json is unreadable: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ManifestMismatch(f"{m.directory}: config.json is not a JSON object")
+    id2label = config.get("id2label")
+    if m.task == "nli" and isinstance(id2label, dict) and len(id2label) == len(m.labels):
+        try:
+            order = tuple(str(id2label[str(i)]).lower() for i in range(len(id2label)))
+        except KeyError:
+            order = ()
+        if order and order != tuple(label.lower() for label in m.labels):
+            raise ManifestMismatch(
+                f"{m.directory}: manifest labels {m.labels} disagree with config.json {order}"
+            )
+    positions = config.get("max_position_embeddings")
+    if (
+        isinstance(positions, int)
+        and not config.get("relative_attention")
+        and m.max_length > positions
+    ):
+        raise ManifestMismatch(
+            f"{m.directory}: max_length {m.max_length} exceeds the model's "
+            f"{positions} positions (config.json)"
+        )
 
 
 _KNOWN = frozenset(
@@ -187,9 +266,10 @@ def verify_files(m: Manifest) -> None:
 
 
 def write_manifest(directory: Path, fields: dict[str, Any], file_names: list[str]) -> Path:
-    """Hash ``file_names`` inside ``directory`` and write the manifest with ``fields``."""
+    """Hash ``file_names`` inside ``directory`` and write the sealed manifest with ``fields``."""
     body = {"format": FORMAT_VERSION, **fields}
     body["files"] = {name: file_record(directory / name) for name in sorted(file_names)}
+    body[DIGEST_KEY] = manifest_digest(body)
     path = directory / MANIFEST_NAME
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")

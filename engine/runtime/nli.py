@@ -6,7 +6,7 @@ says) and 2-label contradiction classifiers; static-shape graphs are padded to t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from tokenizers import Encoding
@@ -17,6 +17,10 @@ from engine.runtime.base import Prepared, TokenModel
 __all__ = ["NLIScorer", "Pair"]
 
 Pair = tuple[str, str]
+
+
+def _nothing() -> None:
+    pass
 
 
 class NLIScorer(TokenModel[Pair]):
@@ -34,15 +38,40 @@ class NLIScorer(TokenModel[Pair]):
                 f"manifest labels {self.labels}"
             )
 
-    def encode(self, items: Sequence[Pair]) -> list[Encoding]:
+    def _encode(self, items: Sequence[Pair]) -> tuple[list[Encoding], int]:
+        clipped = 0
+
+        def count() -> None:
+            nonlocal clipped
+            clipped += 1
+
         pairs = []
         for item in items:
             if not (
                 isinstance(item, tuple) and len(item) == 2 and all(isinstance(s, str) for s in item)
             ):
                 raise InvalidInput("NLI input must be (premise, hypothesis) string pairs")
-            pairs.append(item)
-        return list(self.tokenizer.encode_batch(pairs, add_special_tokens=True))
+            pairs.append(self._clip_pair(item, count))
+        return list(self.tokenizer.encode_batch(pairs, add_special_tokens=True)), clipped
+
+    def _clip_pair(self, pair: Pair, count: Callable[[], None]) -> Pair:
+        """Clip the far-too-long sides of a pair so that longest-first truncation keeps the
+        same tokens: a clipped side keeps more than ``max_length`` tokens, and more than the
+        other side has, so the longer side stays the longer. When both sides are clipped,
+        which one keeps the odd token of an odd budget follows their clipped lengths."""
+        premise, hypothesis = pair
+        clipped = [self.clip(side, _nothing) for side in pair]
+        if clipped[0] is premise and clipped[1] is hypothesis:
+            return pair
+        if clipped[0] is not premise and clipped[1] is not hypothesis:
+            count()
+            count()
+            return clipped[0], clipped[1]
+        limit = self.manifest.max_length
+        if clipped[0] is not premise:
+            need = max(limit, self.count_tokens(hypothesis))
+            return self.clip(premise, count, need), hypothesis
+        return premise, self.clip(hypothesis, count, max(limit, self.count_tokens(premise)))
 
     def postprocess(self, outputs: list[list[np.ndarray]], prepared: Prepared) -> np.ndarray:
         probs = np.zeros((prepared.n, len(self.labels)), dtype=np.float32)

@@ -4,6 +4,12 @@ CPU or CUDA provider, thread pools, graph optimisation level, and IO binding on 
 decided here from :class:`SessionSettings`, so every model runs under the same rules. On 2 cores a
 second busy thread pool halves GEMM throughput, so the default is one intra-op pool sized to the
 physical cores and a sequential inter-op executor.
+
+ONNX Runtime 1.29+ ships opt-out telemetry on Linux and macOS: when it is imported it creates a
+persistent device id and an offline event cache under ``~/.cache/Microsoft`` and starts an
+uploader. memgate holds private memories and promises to open nothing outside its cache, data
+directory and installation, so this module opts out (``ORT_DISABLE_TELEMETRY=1``, which must be
+set before the import) unless the operator set the variable themselves.
 """
 
 from __future__ import annotations
@@ -15,11 +21,16 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import onnxruntime as ort
+
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+import onnxruntime as ort  # noqa: E402  (after the opt-out, which is read at import)
 
 from engine.errors import InvalidInput, ModelError
 
 __all__ = ["OrtModel", "SessionSettings", "available_devices", "cuda_available"]
+
+if os.environ.get("ORT_DISABLE_TELEMETRY") == "1":
+    ort.disable_telemetry_events()  # the Windows (ETW) side of the same opt-out
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -109,17 +120,33 @@ class OrtModel:
         self.input_names = tuple(i.name for i in self.session.get_inputs())
         self.output_names = tuple(o.name for o in self.session.get_outputs())
         self.input_types = {i.name: i.type for i in self.session.get_inputs()}
+        self.input_shapes = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
+        """Declared shapes: ints for fixed axes, names or None for dynamic ones."""
         self._bind = settings.device == "cuda" and settings.io_binding
 
     @property
     def providers(self) -> list[str]:
         return list(self.session.get_providers())
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """Run the graph on ``feeds`` (only the inputs the graph declares are passed)."""
-        feeds = {k: v for k, v in feeds.items() if k in self.input_types}
+    def run(self, feeds: Mapping[str, np.ndarray], *, quiet: bool = False) -> list[np.ndarray]:
+        """Run the graph on ``feeds`` (only the inputs the graph declares are passed).
+
+        ONNX Runtime's own failures become :class:`ModelError`; ``quiet`` keeps ONNX Runtime
+        from printing them as well (for probes that expect to fail)."""
+        try:
+            return self._run({k: v for k, v in feeds.items() if k in self.input_types}, quiet)
+        except ModelError:
+            raise
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ModelError(f"the model failed to run: {str(exc)[:300]}") from exc
+
+    def _run(self, feeds: Mapping[str, np.ndarray], quiet: bool) -> list[np.ndarray]:
+        options = None
+        if quiet:
+            options = ort.RunOptions()
+            options.log_severity_level = 4
         if not self._bind:
-            return list(self.session.run(None, feeds))
+            return list(self.session.run(None, dict(feeds), options))
         binding = self.session.io_binding()
         dev = self.settings.cuda_device_id
         for name, array in feeds.items():
@@ -127,5 +154,5 @@ class OrtModel:
             binding.bind_ortvalue_input(name, value)
         for name in self.output_names:
             binding.bind_output(name, "cuda", dev)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, options)
         return [np.asarray(v) for v in binding.copy_outputs_to_cpu()]

@@ -12,8 +12,11 @@ answered by one model call. The driver
 * drops entries whose caller gave up (the future was cancelled) or whose deadline passed before
   they reach the model, failing the latter with ``DeadlineExceeded``;
 * dies on a fatal error (``is_fatal``: a ``StorageError``, or anything that is not an
-  ``Exception``): every queued request fails with ``Unavailable``, later submits are refused
-  and ``on_dead`` is called, which turns the health service NOT_SERVING.
+  ``Exception``): the failed batch and every queued request fail, later submits are refused
+  and ``on_dead`` is called, which turns the health service NOT_SERVING. This is the server's
+  fail-stop latch: store work served outside the batcher (Forget, Undo, ResolveReview) trips
+  it too, with :meth:`Batcher.fail`. The refusal says why (:func:`refusal`): ``StorageFull``
+  after a full disk (RESOURCE_EXHAUSTED), ``Unavailable`` otherwise (UNAVAILABLE).
 
 ``run(group, payloads)`` is injected; it returns one result (or one exception) per payload, in
 order, or raises to fail the whole batch. ``on_batch(batch, seconds)`` hears of every batch that
@@ -30,10 +33,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from engine.errors import DeadlineExceeded, StorageError, Unavailable
+from engine.errors import DeadlineExceeded, MemgateError, StorageError, StorageFull, Unavailable
 from engine.server.queue import Batch, Entry, QueueSettings, TokenBudgetQueue
 
-__all__ = ["Batcher", "Served", "default_is_fatal"]
+__all__ = ["Batcher", "Served", "default_is_fatal", "refusal"]
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -44,6 +47,14 @@ log = logging.getLogger("memgate.server.batcher")
 def default_is_fatal(exc: BaseException) -> bool:
     """A failed store write stops the engine (fail-stop); so does anything not an Exception."""
     return isinstance(exc, StorageError) or not isinstance(exc, Exception)
+
+
+def refusal(cause: BaseException) -> MemgateError:
+    """What a request gets from a server stopped by ``cause``: a full disk stays a full disk
+    (RESOURCE_EXHAUSTED) for every refused request, anything else is ``Unavailable``."""
+    if isinstance(cause, StorageFull):
+        return StorageFull("the disk holding the store is full; this server stopped writing")
+    return Unavailable("the engine stopped after a fatal error; this server is not serving")
 
 
 @dataclass(frozen=True)
@@ -133,7 +144,7 @@ class Batcher(Generic[P, R]):
     ) -> Served[R]:
         """Queue ``payload`` and wait for its result. ``deadline`` is on ``loop.time()``."""
         if self._dead is not None:
-            raise Unavailable("the model worker stopped; this server is not serving")
+            raise refusal(self._dead)
         if self._closing or self._task is None or self._wake is None:
             raise Unavailable("the server is not accepting model work (starting or draining)")
         loop = asyncio.get_running_loop()
@@ -207,15 +218,25 @@ class Batcher(Generic[P, R]):
                     Served(result, batch.started - entry.enqueued, batch.facts, len(jobs))
                 )
 
+    def fail(self, exc: BaseException) -> None:
+        """Stop as if the worker had died of ``exc`` (a store failure met outside the batcher).
+        Call it on the batcher's loop. Idempotent: the first cause is kept."""
+        self._die(exc)
+        if self._wake is not None:
+            self._wake.set()  # the driver sees it is dead and ends
+
     def _die(self, exc: BaseException, jobs: Sequence[_Job[P, R]] = ()) -> None:
         if self._dead is not None:
+            for job in jobs:  # a batch that was running when another cause stopped us
+                if not job.future.done():
+                    job.future.set_exception(refusal(self._dead))
             return
         self._dead = exc
-        log.error("model worker stopped: %s", type(exc).__name__, exc_info=exc)
+        log.error("engine stopped (fail-stop): %s", type(exc).__name__, exc_info=exc)
         stranded = list(jobs) + [e.payload for e in self._queue.drain()]
         for job in stranded:
             if not job.future.done():
-                job.future.set_exception(Unavailable("the model worker stopped"))
+                job.future.set_exception(refusal(exc))
         if self._on_dead is not None:
             self._on_dead(exc)
 

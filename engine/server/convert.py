@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +18,16 @@ from engine.server.proto import pb
 from engine.types import Candidate, Decision, Fact, Memory, ReviewItem
 
 __all__ = [
+    "UNDECODABLE",
     "Limits",
+    "check_decoded",
     "decision_from_pb",
     "decision_to_pb",
     "fact_from_pb",
     "fact_to_pb",
+    "guard_deserializer",
     "memory_from_pb",
+    "metadata_from_json",
     "memory_to_pb",
     "overrides_from_pb",
     "overrides_to_pb",
@@ -87,6 +91,11 @@ class Limits:
     max_text_bytes: int = 32768
     """Longest fact text or query, in UTF-8 bytes (the gate then checks characters)."""
     max_metadata_bytes: int = 16384
+    max_metadata_depth: int = 32
+    """Deepest nesting of arrays and objects in ``metadata_json`` (deeper: refused, so that no
+    decoder or encoder downstream ever recurses without bound)."""
+    max_source_chars: int = 1024
+    """Longest ``source`` label."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_text_bytes <= 1 << 24:
@@ -95,6 +104,52 @@ class Limits:
             )
         if not 2 <= self.max_metadata_bytes <= 1 << 24:
             raise InvalidInput("max_metadata_bytes must be in [2, 16777216]")
+        if not 1 <= self.max_metadata_depth <= 256:
+            raise InvalidInput("max_metadata_depth must be in [1, 256]")
+        if not 1 <= self.max_source_chars <= 1 << 20:
+            raise InvalidInput("max_source_chars must be in [1, 1048576]")
+
+
+# -- undecodable requests ------------------------------------------------------------------
+class _Undecodable:
+    """The request bytes were not a valid message of the method's type."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNDECODABLE"
+
+
+UNDECODABLE: Any = _Undecodable()
+"""What a :func:`guard_deserializer` parser returns for bytes it cannot parse."""
+
+
+def guard_deserializer(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """Wrap a request deserializer so that bad bytes become :data:`UNDECODABLE`.
+
+    Left to grpcio, a message that does not parse (corrupt wire format, a ``string`` field that
+    is not UTF-8) is answered UNKNOWN with the decoder's exception text, before any handler or
+    interceptor runs. With this wrapper the handler receives the marker and
+    :func:`check_decoded` turns it into :class:`~engine.errors.InvalidInput`.
+    """
+
+    def parse_or_mark(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except Exception:  # protobuf's DecodeError (and whatever a future parser raises)
+            return UNDECODABLE
+
+    return parse_or_mark
+
+
+def check_decoded(msg: Any) -> Any:
+    """``msg``, or ``InvalidInput`` when the deserializer could not parse it."""
+    if msg is UNDECODABLE:
+        raise InvalidInput(
+            "the request is not a valid message: corrupt wire format, or a string field "
+            "that is not UTF-8"
+        )
+    return msg
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -114,16 +169,9 @@ def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
     kind = PB_TO_KIND.get(msg.kind)
     if kind is None:
         raise InvalidInput(f"{what}: unknown kind {msg.kind}")
-    metadata: dict[str, Any] = {}
-    if msg.metadata_json:
-        if len(msg.metadata_json.encode()) > limits.max_metadata_bytes:
-            raise InvalidInput(f"{what}: metadata_json is over {limits.max_metadata_bytes} bytes")
-        try:
-            metadata = json.loads(msg.metadata_json)
-        except ValueError:
-            raise InvalidInput(f"{what}: metadata_json is not valid JSON") from None
-        if not isinstance(metadata, dict):
-            raise InvalidInput(f"{what}: metadata_json must be a JSON object")
+    metadata = metadata_from_json(msg.metadata_json, what, limits) if msg.metadata_json else {}
+    if len(msg.source) > limits.max_source_chars:
+        raise InvalidInput(f"{what}: source is over {limits.max_source_chars} characters")
     return Fact(
         namespace=msg.namespace,
         text=text,
@@ -133,6 +181,50 @@ def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
         source=msg.source or None,
         idempotency_key=msg.idempotency_key or None,
     )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(text: str) -> int:
+    """Deepest bracket nesting outside strings (a scan, so no recursion however deep)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def metadata_from_json(text: str, what: str, limits: Limits) -> dict[str, Any]:
+    """A fact's ``metadata_json``: a JSON object within the size and depth limits, strict JSON
+    only (``NaN``, ``Infinity`` and numbers that overflow to them are refused), so that what
+    is accepted here is exactly what the store can write back."""
+    if len(text.encode("utf-8")) > limits.max_metadata_bytes:
+        raise InvalidInput(f"{what}: metadata_json is over {limits.max_metadata_bytes} bytes")
+    if _depth(text) > limits.max_metadata_depth:
+        raise InvalidInput(f"{what}: metadata_json nests deeper than {limits.max_metadata_depth}")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+        json.dumps(value, allow_nan=False)  # 1e999 parses to inf: not storable JSON
+    except (ValueError, RecursionError):
+        raise InvalidInput(f"{what}: metadata_json is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{what}: metadata_json must be a JSON object")
+    return value
 
 
 def fact_to_pb(fact: Fact) -> Any:

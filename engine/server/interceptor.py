@@ -29,8 +29,9 @@ from typing import Any
 
 import grpc
 
-from engine.errors import MemgateError, Unavailable
+from engine.errors import InvalidInput, MemgateError, Unavailable
 from engine.server.auth import Auth, Principal
+from engine.server.convert import check_decoded, guard_deserializer
 from engine.server.logs import access_logger
 from engine.server.metrics import Metrics
 from engine.server.status import rule_for
@@ -66,7 +67,20 @@ def current_call() -> Call:
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, service: str, auth: Auth, metrics: Metrics | None = None) -> None:
+    """``lame_duck_s``: after a drain emptied the server, how long it goes on refusing new calls
+    with UNAVAILABLE before :meth:`drain` returns and the listener closes (within the grace)."""
+
+    def __init__(
+        self,
+        service: str,
+        auth: Auth,
+        metrics: Metrics | None = None,
+        *,
+        lame_duck_s: float = 0.25,
+    ) -> None:
+        if not 0.0 <= lame_duck_s <= 60.0:
+            raise InvalidInput(f"lame_duck_s must be in [0, 60] seconds, got {lame_duck_s}")
+        self._lame_duck_s = lame_duck_s
         self._prefix = f"/{service}/"
         self._auth = auth
         self._metrics = metrics
@@ -83,16 +97,26 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     async def drain(self, grace: float) -> bool:
         """Refuse new calls with UNAVAILABLE (retryable, unlike grpc's own CANCELLED for calls
         that arrive after ``server.stop``) and wait up to ``grace`` seconds for the calls in
-        flight. True when they all finished."""
+        flight. True when they all finished.
+
+        Then, while the grace lasts, go on refusing for ``lame_duck_s``: a client whose call was
+        answered by the drain typically sends its next one at once, and a call that reaches the
+        server in the instant its listener closes is cancelled by gRPC itself (CANCELLED, which
+        clients do not retry). After the lame-duck period such a client has had its retryable
+        UNAVAILABLE and gone elsewhere."""
         self._draining = True
-        if self._in_flight == 0:
-            return True
-        self._idle = asyncio.Event()
-        try:
-            async with asyncio.timeout(grace):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        if self._in_flight:
+            self._idle = asyncio.Event()
+            try:
+                async with asyncio.timeout(grace):
+                    await self._idle.wait()
+            except TimeoutError:
+                return False
+        linger = min(self._lame_duck_s, end - loop.time())
+        if linger > 0:
+            await asyncio.sleep(linger)
         return True
 
     async def intercept_service(
@@ -112,7 +136,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     # -- wrapping -------------------------------------------------------------------------------
     def _wrap(self, rpc: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         kw = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": guard_deserializer(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary is not None:
@@ -131,7 +155,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if self._draining:
                     raise Unavailable("the server is draining; retry on another replica")
                 call.principal = self._auth.authenticate(context.invocation_metadata() or ())
-                return await behavior(request, context)
+                return await behavior(check_decoded(request), context)
             except BaseException as exc:
                 await self._fail(call, exc, context)
                 raise
@@ -148,7 +172,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if self._draining:
                     raise Unavailable("the server is draining; retry on another replica")
                 call.principal = self._auth.authenticate(context.invocation_metadata() or ())
-                async for response in behavior(requests, context):
+                async for response in behavior(_checked(requests), context):
                     yield response
             except BaseException as exc:
                 await self._fail(call, exc, context)
@@ -223,3 +247,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     }
                 },
             )
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream whose undecodable messages raise ``InvalidInput``."""
+    async for msg in requests:
+        yield check_decoded(msg)

@@ -21,7 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, StorageError
 from engine.server.admission import Permits
 from engine.server.auth import Auth
 from engine.server.batcher import Batcher
@@ -162,9 +162,10 @@ class MemgateServer:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> int:
-        """Bind, start serving, and return the bound port."""
+        """Check the index snapshots, bind, start serving, and return the bound port."""
         s = self.settings
         self._loop = asyncio.get_running_loop()
+        await self._recover_index()
         if not self.auth.enabled:
             log.warning("no tokens file: authentication is OFF, every namespace is open")
         self.batcher.start()
@@ -253,8 +254,39 @@ class MemgateServer:
         await self.batcher.close()
         self._model.shutdown(wait=True)
         self._io.shutdown(wait=True)
+        await self._snapshot_index()
         self.metrics.close()
         log.info("stopped")
+
+    async def _recover_index(self) -> None:
+        """Verify and reconcile (or quarantine) the index snapshots on disk before the port is
+        bound, so nothing is served, and health cannot say SERVING, before they are checked.
+        A bad snapshot never fails the start; a failing store does (fail-stop)."""
+        recover = getattr(getattr(self.gate, "index", None), "recover", None)
+        if recover is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._io, recover)
+        except StorageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every load verifies its snapshot again
+            log.error(
+                "index snapshot recovery failed; namespaces load from the store on first use",
+                extra={"fields": {"error": type(exc).__name__}},
+            )
+
+    async def _snapshot_index(self) -> None:
+        """Graceful shutdown: snapshot the loaded indexes (the calls have drained)."""
+        close = getattr(getattr(self.gate, "index", None), "close", None)
+        if close is None:
+            return
+        try:
+            await asyncio.to_thread(close)
+        except Exception as exc:  # noqa: BLE001 - a snapshot is a cache; the store has it all
+            log.warning(
+                "could not snapshot the indexes on shutdown",
+                extra={"fields": {"error": type(exc).__name__}},
+            )
 
     async def wait(self) -> None:
         if self._server is not None:
@@ -269,7 +301,7 @@ class MemgateServer:
         self.metrics.observe_batch(batch.facts, len(batch.entries))
 
     def _worker_died(self, exc: BaseException) -> None:
-        log.error("the model worker died; health is NOT_SERVING until restart")
+        log.error("the engine stopped (fail-stop); health is NOT_SERVING until restart")
         loop = self._loop
         if loop is None or loop.is_closed():
             return

@@ -5,6 +5,12 @@ them (one table, one place). Model work (Triage, Write, Backfill, Recall) goes t
 :class:`~engine.server.batcher.Batcher`; store work (Get, History, ListReview, Forget, Undo,
 ResolveReview) runs on a small thread pool, where the gate's namespace locks serialise writers of
 one namespace and let different namespaces proceed in parallel.
+
+Fail-stop: a ``StorageError`` met anywhere (in a model batch, or in store work here) stops the
+engine through the batcher's latch (:meth:`Batcher.fail`): health turns NOT_SERVING and every
+later write, model or store, is refused without touching the store. Reads (Get, History,
+ListReview) are still tried: after a full disk the store still answers them; after an I/O
+error the store refuses them itself (it is poisoned, see ``engine.store.sqlite``).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from engine.gate.gate import validate_fact
 from engine.gate.policy import policy_by_name
 from engine.server import convert
 from engine.server.admission import Permits
-from engine.server.batcher import Batcher, Served
+from engine.server.batcher import Batcher, Served, refusal
 from engine.server.interceptor import current_call
 from engine.server.metrics import Metrics
 from engine.server.proto import pb, pb_grpc
@@ -158,9 +164,21 @@ class MemgateService(pb_grpc.MemgateServicer):
         return asyncio.get_running_loop().time() + float(remaining)
 
     async def _io_call(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """Run store work on the I/O pool; a storage failure trips the fail-stop latch."""
         t0 = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        except StorageError as exc:
+            self._batcher.fail(exc)
+            raise
         return result, time.perf_counter() - t0
+
+    async def _io_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """Store work that writes: refused once the engine has stopped (fail-stop)."""
+        dead = self._batcher.dead
+        if dead is not None:
+            raise refusal(dead)
+        return await self._io_call(fn, *args)
 
     def _facts(self, messages: Sequence[Any], start: int = 0) -> list[Fact]:
         call = current_call()
@@ -319,6 +337,10 @@ class MemgateService(pb_grpc.MemgateServicer):
         call.facts = 1
         call.authorize(request.namespace)
         query = convert.text_from_bytes(request.query, "query", self._limits)
+        try:  # a bad namespace or blank query takes no permit and no slot on the model thread
+            validate_fact(Fact(namespace=request.namespace, text=query), self._gate.settings)
+        except InvalidInput as exc:
+            raise InvalidInput(f"query: {exc}") from None
         k = request.k or 10
         if not 1 <= k <= 1000:
             raise InvalidInput("k must be in [1, 1000]")
@@ -372,13 +394,13 @@ class MemgateService(pb_grpc.MemgateServicer):
     async def Forget(self, request: Any, context: Any) -> Any:  # noqa: N802
         started = time.perf_counter()
         ns, mid = self._ref(request)
-        forgotten, secs = await self._io_call(self._gate.forget, ns, mid)
+        forgotten, secs = await self._io_write(self._gate.forget, ns, mid)
         return pb.ForgetResponse(memory_id=forgotten, timings=_store_timings(secs, started))
 
     async def Undo(self, request: Any, context: Any) -> Any:  # noqa: N802
         started = time.perf_counter()
         ns, mid = self._ref(request)
-        (restored, undone), secs = await self._io_call(self._gate.undo, ns, mid)
+        (restored, undone), secs = await self._io_write(self._gate.undo, ns, mid)
         return pb.UndoResponse(
             restored=convert.memory_to_pb(restored),
             undone=convert.memory_to_pb(undone),
@@ -403,7 +425,7 @@ class MemgateService(pb_grpc.MemgateServicer):
         _check_ref(request.namespace, request.review_id, "review_id")
         current_call().authorize(request.namespace)
         resolution = convert.resolution_from_pb(request.resolution)
-        res, secs = await self._io_call(
+        res, secs = await self._io_write(
             self._gate.resolve_review, request.namespace, request.review_id, resolution
         )
         return pb.ResolveReviewResponse(

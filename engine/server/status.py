@@ -53,7 +53,9 @@ STATUS_TABLE: dict[type[MemgateError], Rule] = {
     DeadlineExceeded: Rule(grpc.StatusCode.DEADLINE_EXCEEDED),
     Unavailable: Rule(grpc.StatusCode.UNAVAILABLE),
     StorageFull: Rule(
-        grpc.StatusCode.RESOURCE_EXHAUSTED, False, "the disk holding the store is full"
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        False,
+        "the disk holding the store is full; this server stopped accepting writes",
     ),
     StorageError: Rule(
         grpc.StatusCode.UNAVAILABLE, False, "the store failed; this server stopped accepting writes"

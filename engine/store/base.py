@@ -270,3 +270,25 @@ class Store(Protocol):
     def integrity_check(self) -> bool: ...
 
     def close(self) -> None: ...
+
+    def idempotent_results(self, namespace: str, keys: Sequence[str]) -> dict[str, WriteResult]:
+        """The recorded result of each of ``keys`` already committed in ``namespace``."""
+        ...
+
+    # What the index needs to verify and reconcile its snapshots (engine.index.snapshot).
+
+    def namespace_seq(self, namespace: str) -> int:
+        """The namespace's newest event sequence number; 0 when it has none. Every change of
+        the active set writes an event, so this grows with each one."""
+        ...
+
+    def active_rowids(self, namespace: str) -> np.ndarray:
+        """int64 rowids of the namespace's active memories with an embedding, sorted."""
+        ...
+
+    def active_embeddings(
+        self, namespace: str, rowids: Sequence[int] | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rowids int64 [n], vectors float32 [n, d])`` of the active memories among
+        ``rowids``, by rowid."""
+        ...

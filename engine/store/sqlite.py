@@ -7,6 +7,19 @@ returned ``commit`` durable across power loss, not only across a crash of the pr
 ``sqlite3`` is imported here and nowhere else; its errors are translated at this boundary:
 a full disk becomes ``StorageFull``, any other database failure ``StorageError``.
 
+Failures (the fail-stop half of the durability contract): SQLite rolls a transaction back when a
+write or sync fails, and the store issues ``ROLLBACK`` too, so a failed call leaves nothing
+half-applied. A full disk (``SQLITE_FULL``) is a clean refusal: nothing was written and the
+connection stays usable. An I/O error (``SQLITE_IOERR_*``, including a failed ``fsync``) or
+corruption *poisons* the store: after a failed ``fsync`` the kernel may already have dropped the
+dirty pages, so no later call can trust this connection's view of the file. Every later call
+raises ``StorageError`` without touching the file; reopening the store (a restart) recovers from
+the WAL, which holds exactly the transactions whose commit completed.
+
+Fault injection: ``SQLiteStore(..., hook=StatementHook())`` is told of every SQL statement the
+store runs, before and after it, and may raise what a failing disk makes SQLite raise
+(:func:`disk_error`) or end the process (a crash point). Production passes no hook.
+
 Rowids (``memories.rowid``) are the int64 keys of the FAISS index. They are never reused:
 memories are never deleted, only their status changes (forget erases text and embedding).
 """
@@ -49,7 +62,7 @@ from engine.store.base import (
 )
 from engine.types import Event, Fact, Memory, ReviewItem
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore"]
+__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StatementHook", "disk_error"]
 
 SCHEMA_VERSION = 1
 
@@ -138,15 +151,105 @@ _RESOLVED_STATUS: dict[str, str] = {
 _TEXT_SCORE_KEYS = ("hypothesis",)
 
 
-def _translate(exc: sqlite3.Error, what: str) -> StorageError:
-    """Map a sqlite3 error onto the memgate hierarchy, without leaking paths or SQL."""
+# Primary result codes after which the connection's view of the file cannot be trusted.
+_POISONING = frozenset(
+    {
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_CANTOPEN,
+    }
+)
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return bool(code & 0xFF == sqlite3.SQLITE_FULL)
+    return "database or disk is full" in str(exc).lower()
+
+
+def _poisons(exc: sqlite3.Error) -> bool:
+    """An I/O error or corruption: later calls must not use this connection."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _POISONING
+    text = str(exc).lower()
+    return "disk i/o error" in text or "malformed" in text or "not a database" in text
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "database is locked" in str(exc).lower()
+
+
+def _translate(exc: sqlite3.Error, what: str) -> StorageError | Unavailable:
+    """Map a sqlite3 error onto the memgate hierarchy, without leaking paths or SQL.
+
+    A lock held by another process past ``busy_timeout_ms`` (a second engine, a backup) is
+    ``Unavailable``: nothing was written, a retry can succeed, and it is no reason to stop."""
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
-    if (code is not None and code & 0xFF == sqlite3.SQLITE_FULL) or (
-        "database or disk is full" in str(exc).lower()
-    ):
+    if _is_busy(exc):
+        return Unavailable(f"{what}: the database is locked by another process; retry")
+    if _is_full(exc):
         return StorageFull(f"{what}: the database or disk is full")
     return StorageError(f"{what} failed: {name}")
+
+
+_DISK_ERRORS: dict[str, tuple[str, int, str]] = {
+    "io": ("disk I/O error", 778, "SQLITE_IOERR_WRITE"),
+    "fsync": ("disk I/O error", 1034, "SQLITE_IOERR_FSYNC"),
+    "full": ("database or disk is full", sqlite3.SQLITE_FULL, "SQLITE_FULL"),
+}
+
+
+def disk_error(kind: str) -> Exception:
+    """The exception SQLite raises for a failing disk, for a :class:`StatementHook` to raise.
+
+    ``io``: a failed write (``SQLITE_IOERR_WRITE``, what an ``EIO`` or ``EFBIG`` write gives);
+    ``fsync``: a failed sync (``SQLITE_IOERR_FSYNC``); ``full``: no space (``SQLITE_FULL``).
+    """
+    if kind not in _DISK_ERRORS:
+        raise InvalidInput(f"disk error kind must be one of {sorted(_DISK_ERRORS)}, got {kind!r}")
+    message, code, name = _DISK_ERRORS[kind]
+    exc = sqlite3.OperationalError(message)
+    exc.sqlite_errorcode = code
+    exc.sqlite_errorname = name
+    return exc
+
+
+class StatementHook:
+    """Fault injection: told of every SQL statement the store runs on its connection.
+
+    ``before(sql)`` runs before the statement is executed, ``after(sql)`` once it returned
+    (``after("COMMIT")``: the transaction is durable). Either may raise (:func:`disk_error`:
+    the store handles it exactly like a real failure of the disk) or end the process (a crash
+    point). This base class does nothing; tests subclass it.
+    """
+
+    def before(self, sql: str) -> None:
+        """Called before ``sql`` runs."""
+
+    def after(self, sql: str) -> None:
+        """Called after ``sql`` ran without error."""
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that tells its :class:`StatementHook` of every ``execute``."""
+
+    hook: StatementHook | None = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        hook = self.hook
+        if hook is None:
+            return super().execute(sql, parameters)
+        hook.before(sql)
+        cursor = super().execute(sql, parameters)
+        hook.after(sql)
+        return cursor
 
 
 def _json_default(value: Any) -> Any:
@@ -284,7 +387,8 @@ class SQLiteStore:
     """The :class:`~engine.store.base.Store` on one SQLite file (WAL, ``synchronous=FULL``).
 
     ``clock`` returns the ``created_at`` of new rows (seconds since the epoch); tests pass a
-    counter to make time deterministic.
+    counter to make time deterministic. ``hook`` is for fault injection only (see
+    :class:`StatementHook`).
     """
 
     def __init__(
@@ -293,20 +397,24 @@ class SQLiteStore:
         settings: StoreSettings = StoreSettings(),  # noqa: B008 - frozen, so sharing is safe
         *,
         clock: Callable[[], float] = time.time,
+        hook: StatementHook | None = None,
     ) -> None:
         self._settings = settings
         self._clock = clock
         self._lock = threading.Lock()
         self._closed = False
+        self._failed: StorageError | None = None
         try:
             self._conn = sqlite3.connect(
                 str(path),
                 timeout=settings.busy_timeout_ms / 1000,
                 isolation_level=None,
                 check_same_thread=False,
+                factory=_Connection,
             )
         except sqlite3.Error as exc:
             raise _translate(exc, "opening the store") from exc
+        self._conn.hook = hook
         try:
             self._configure()
             self._migrate()
@@ -346,16 +454,27 @@ class SQLiteStore:
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
-        """Checkpoint the WAL (best effort) and close. Idempotent."""
+        """Checkpoint the WAL (best effort) and close. Idempotent.
+
+        A failed (poisoned) store is closed without a checkpoint: copying pages from the WAL
+        into the database file is a write, and the next open recovers from the WAL anyway."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            try:
-                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass  # the data is durable in the WAL; the next open checkpoints it
+            if self._failed is None:
+                try:
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.Error:
+                    pass  # the data is durable in the WAL; the next open checkpoints it
+                except Exception:  # noqa: BLE001 - a hook's fault; closing must still close
+                    pass
             self._conn.close()
+
+    @property
+    def failed(self) -> StorageError | None:
+        """The I/O error that poisoned this store, or None while it is healthy."""
+        return self._failed
 
     def __enter__(self) -> SQLiteStore:
         return self
@@ -386,47 +505,50 @@ class SQLiteStore:
     @contextmanager
     def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
         """One write transaction; rolled back on any error, sqlite3 errors translated."""
-        with self._lock:
-            self._check_open()
-            conn = self._conn
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                self._rollback()
-                raise _translate(exc, what) from exc
-            except BaseException:
-                self._rollback()
-                raise
+        with self._session(what, "BEGIN IMMEDIATE") as conn:
+            yield conn
 
     @contextmanager
     def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
         # Reads of several statements run in one (deferred) transaction: one snapshot.
+        with self._session(what, "BEGIN") as conn:
+            yield conn
+
+    @contextmanager
+    def _session(self, what: str, begin: str) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._check_open()
             conn = self._conn
             try:
-                conn.execute("BEGIN")
+                conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                raise _translate(exc, what) from exc
+                error = _translate(exc, what)
+                if _poisons(exc) and isinstance(error, StorageError):
+                    self._failed = error
+                raise error from exc
             except BaseException:
                 self._rollback()
                 raise
 
     def _rollback(self) -> None:
+        # The hook is not told of this ROLLBACK: a failing disk does not fail a rollback
+        # (SQLite rolls back from the WAL in memory), and a crash point there adds nothing.
         if self._conn.in_transaction:
             try:
-                self._conn.execute("ROLLBACK")
+                sqlite3.Connection.execute(self._conn, "ROLLBACK")
             except sqlite3.Error:
-                pass  # SQLite already rolled back (e.g. after SQLITE_FULL)
+                pass  # SQLite already rolled back (e.g. after SQLITE_FULL or SQLITE_IOERR)
 
     def _check_open(self) -> None:
         if self._closed:
             raise Unavailable("the store is closed")
+        if self._failed is not None:
+            raise StorageError(
+                "the store failed earlier and accepts no more calls; restart to recover"
+            )
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -935,6 +1057,82 @@ class SQLiteStore:
                 (namespace, status, limit),
             ).fetchall()
         return [_review(r) for r in rows]
+
+    def idempotent_results(self, namespace: str, keys: Sequence[str]) -> dict[str, WriteResult]:
+        """The recorded result of every key of ``keys`` already committed in ``namespace``:
+        the gate answers those facts as replays before deciding anything else."""
+        _check_namespace(namespace)
+        unique = sorted(set(keys))
+        out: dict[str, WriteResult] = {}
+        with self._reading("idempotent_results") as conn:
+            for start in range(0, len(unique), _CHUNK):
+                chunk = unique[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for key, result in conn.execute(
+                    f"SELECT key, result FROM idempotency WHERE namespace = ? AND key IN ({marks})",
+                    (namespace, *chunk),
+                ):
+                    out[key] = _result(result)
+        return out
+
+    # -- index snapshots (engine.index.snapshot.SnapshotSource) ----------------------------
+
+    def namespace_seq(self, namespace: str) -> int:
+        """The namespace's newest event ``seq``; 0 when it has none.
+
+        Every change of the active set writes an event in its transaction (commit, forget,
+        undo, resolve_review), so an index snapshot taken at ``seq`` is stale exactly when
+        this has grown. Event seqs are never reused (AUTOINCREMENT).
+        """
+        _check_namespace(namespace)
+        with self._reading("namespace_seq") as conn:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE namespace = ?", (namespace,)
+            ).fetchone()
+        return int(row[0])
+
+    def active_rowids(self, namespace: str) -> np.ndarray:
+        """int64 rowids of the namespace's active memories with an embedding, sorted: the
+        set ``iter_active_embeddings`` returns, without reading the vectors."""
+        _check_namespace(namespace)
+        with self._reading("active_rowids") as conn:
+            rows = conn.execute(
+                "SELECT rowid FROM memories "
+                "WHERE namespace = ? AND status = 'active' AND embedding IS NOT NULL "
+                "ORDER BY rowid",
+                (namespace,),
+            ).fetchall()
+        return np.fromiter((r for (r,) in rows), dtype=np.int64, count=len(rows))
+
+    def active_embeddings(
+        self, namespace: str, rowids: Sequence[int] | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(rowids int64 [n], vectors float32 [n, d])`` of the active memories of
+        ``namespace`` among ``rowids``, by rowid (others left out). ``StorageError`` if their
+        embeddings disagree on their dimension."""
+        _check_namespace(namespace)
+        wanted = sorted({int(r) for r in np.asarray(rowids).tolist() if int(r) >= 0})
+        found: list[tuple[int, bytes]] = []
+        with self._reading("active_embeddings") as conn:
+            for start in range(0, len(wanted), _CHUNK):
+                chunk = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                found.extend(
+                    conn.execute(
+                        "SELECT rowid, embedding FROM memories WHERE namespace = ? "
+                        "AND status = 'active' AND embedding IS NOT NULL "
+                        f"AND rowid IN ({marks}) ORDER BY rowid",
+                        (namespace, *chunk),
+                    ).fetchall()
+                )
+        if not found:
+            return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
+        nbytes = len(found[0][1])
+        if nbytes % 4 or any(len(blob) != nbytes for _, blob in found):
+            raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
+        ids = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
+        flat = np.frombuffer(b"".join(blob for _, blob in found), dtype="<f4")
+        return ids, flat.astype(np.float32).reshape(len(found), nbytes // 4)
 
 
 def _scrub(scores: dict[str, Any]) -> dict[str, Any]:

@@ -691,3 +691,21 @@ def test_namespaces_never_see_each_other(store: SQLiteStore) -> None:
     m = store.get(NS, mine)
     assert m is not None and m.status == "active"
     assert [i.status for i in store.list_review(NS)] == ["pending"]
+
+
+def test_a_lock_held_by_another_process_is_unavailable_not_fail_stop(tmp_path: Path) -> None:
+    # Another writer (a second engine, a backup) holding the lock past busy_timeout_ms:
+    # nothing was written, a retry can succeed, and the store must stay usable.
+    path = tmp_path / "locked.db"
+    store = SQLiteStore(path, StoreSettings(busy_timeout_ms=50))
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(Unavailable, match="locked"):
+            store.commit([add("Ada likes tea.", idem="k1")])
+        other.execute("ROLLBACK")
+        [result] = store.commit([add("Ada likes tea.", idem="k1")])
+        assert not result.replayed and store.count_active(NS) == 1
+    finally:
+        other.close()
+        store.close()

@@ -180,6 +180,50 @@ def test_idempotent_retry_returns_the_first_result(gate: Gate) -> None:
     assert len(gate.store.events(NS)) == events
 
 
+def test_a_replay_in_a_batch_of_new_facts_takes_no_part_in_its_chains(
+    make_gate: Callable[..., Gate],
+) -> None:
+    # A Write retried after a lost answer can share a gate batch with new facts (the server
+    # merges concurrent requests). The replay must answer its recorded result and never be
+    # decided afresh: here it would have replaced "Team" under a new id that its replayed
+    # commit never stores, and "Enterprise" would then target that id (Conflict).
+    g = make_gate()
+    ns = "t/replay"
+    pro = Fact(ns, "Plan: Pro", key="plan", idempotency_key="req-1")
+    first = g.triage([pro], "strict", apply=True).decisions[0]
+    team = g.triage([Fact(ns, "Plan: Team", key="plan")], "strict", apply=True).decisions[0]
+    assert (first.action, team.action) == ("add", "replace")
+
+    dry = g.triage([pro], "strict").decisions[0]
+    assert dry.replayed and (dry.action, dry.memory_id) == ("add", first.memory_id)
+
+    events = len(g.store.events(ns))
+    a, b = g.triage([pro, Fact(ns, "Plan: Enterprise", key="plan")], "strict", apply=True).decisions
+    assert a.replayed and (a.action, a.memory_id, a.rule) == ("add", first.memory_id, "replayed")
+    assert not b.replayed and (b.action, b.target_id) == ("replace", team.memory_id)
+    chain = g.history(ns, b.memory_id or "")
+    assert [m.text for m in chain] == ["Plan: Pro", "Plan: Team", "Plan: Enterprise"]
+    assert [m.status for m in chain] == ["superseded", "superseded", "active"]
+    assert len(g.store.events(ns)) == events + 1  # the replay logged nothing
+
+
+def test_a_key_repeated_within_a_batch_replays_its_first_fact(
+    make_gate: Callable[..., Gate],
+) -> None:
+    g = make_gate()
+    ns = "t/replay-batch"
+    batch = [
+        Fact(ns, "Plan: Basic", key="plan", idempotency_key="req-7"),
+        Fact(ns, "Plan: Gold", key="plan", idempotency_key="req-7"),  # a client bug: same key
+        Fact(ns, "Plan: Platinum", key="plan"),
+    ]
+    a, b, c = g.triage(batch, "strict", apply=True).decisions
+    assert (a.action, a.replayed) == ("add", False)
+    assert b.replayed and (b.action, b.memory_id) == ("add", a.memory_id)
+    assert (c.action, c.target_id) == ("replace", a.memory_id)
+    assert [m.text for m in g.history(ns, c.memory_id or "")] == ["Plan: Basic", "Plan: Platinum"]
+
+
 def test_review_policy_queues_and_resolves(make_gate: Callable[..., Gate]) -> None:
     g = make_gate()
     g.ingest([Fact("t/4", "The customer's office is in Denver.")])
