@@ -953,14 +953,7 @@ class SQLiteStore:
                 "ORDER BY rowid",
                 (namespace,),
             ).fetchall()
-        if not rows:
-            return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
-        nbytes = len(rows[0][1])
-        if nbytes % 4 or any(len(blob) != nbytes for _, blob in rows):
-            raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
-        rowids = np.fromiter((r for r, _ in rows), dtype=np.int64, count=len(rows))
-        flat = np.frombuffer(b"".join(blob for _, blob in rows), dtype="<f4")
-        return rowids, flat.astype(np.float32).reshape(len(rows), nbytes // 4)
+        return _stack(namespace, rows)
 
     def namespaces(self) -> list[str]:
         """Every namespace that holds a memory (of any status), sorted."""
@@ -1125,14 +1118,19 @@ class SQLiteStore:
                         (namespace, *chunk),
                     ).fetchall()
                 )
-        if not found:
-            return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
-        nbytes = len(found[0][1])
-        if nbytes % 4 or any(len(blob) != nbytes for _, blob in found):
-            raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
-        ids = np.fromiter((r for r, _ in found), dtype=np.int64, count=len(found))
-        flat = np.frombuffer(b"".join(blob for _, blob in found), dtype="<f4")
-        return ids, flat.astype(np.float32).reshape(len(found), nbytes // 4)
+        return _stack(namespace, found)
+
+
+def _stack(namespace: str, rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(rowids int64 [n], vectors float32 [n, d])`` from ``(rowid, embedding blob)`` rows."""
+    if not rows:
+        return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
+    nbytes = len(rows[0][1])
+    if nbytes % 4 or any(len(blob) != nbytes for _, blob in rows):
+        raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
+    rowids = np.fromiter((r for r, _ in rows), dtype=np.int64, count=len(rows))
+    flat = np.frombuffer(b"".join(blob for _, blob in rows), dtype="<f4")
+    return rowids, flat.astype(np.float32).reshape(len(rows), nbytes // 4)
 
 
 def _scrub(scores: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _tiny import DEBERTA_CONFIG, write_tokenizer
 
 from engine.errors import InvalidInput, ManifestMismatch, ModelError
 from engine.pipeline import checks, cli, graph, sources
@@ -36,53 +37,11 @@ _WORDS = (
     "afternoon have dog named max cat costs here free text about walk along coast day of tide "
     "wind from north west cafe harbour that served grilled sardines note ends daughter s ok"
 ).split()
-_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-_CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789.,:;!?'-")
-
-TINY_NLI_CONFIG: dict[str, Any] = {
-    "model_type": "deberta-v2",
-    "architectures": ["DebertaV2ForSequenceClassification"],
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "max_position_embeddings": 128,
-    "relative_attention": True,
-    "position_buckets": 32,
-    "max_relative_positions": -1,
-    "pos_att_type": ["p2c", "c2p"],
-    "norm_rel_ebd": "layer_norm",
-    "share_att_key": True,
-    "position_biased_input": False,
-    "type_vocab_size": 0,
-    "pad_token_id": 0,
-    "id2label": {"0": "contradiction", "1": "entailment", "2": "neutral"},
-    "label2id": {"contradiction": 0, "entailment": 1, "neutral": 2},
-}
 
 
 def _tiny_tokenizer(directory: Path) -> int:
-    """A WordPiece tokenizer over a few hundred pieces, saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    pieces = _SPECIAL + _CHARS + [f"##{c}" for c in _CHARS] + sorted(set(_WORDS))
-    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tok.decoder = decoders.WordPiece()
-    # Ship it with padding and truncation baked in, as many hub tokenizers do: the pipeline
-    # must clear both.
-    tok.enable_padding(pad_id=0, pad_token="[PAD]", length=64)
-    tok.enable_truncation(64)
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(str(directory / "tokenizer.json"))
-    return len(vocab)
+    # Baked padding and truncation, as many hub tokenizers ship: the pipeline must clear both.
+    return write_tokenizer(directory, _WORDS, baked_length=64)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +70,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shutil.copy(tok_dir / "tokenizer.json", bert_dir)
 
     nli_dir = root / "tiny-deberta"
-    cfg = transformers.AutoConfig.for_model(**{**TINY_NLI_CONFIG, "vocab_size": vocab_size})
+    cfg = transformers.AutoConfig.for_model(**{**DEBERTA_CONFIG, "vocab_size": vocab_size})
     torch.manual_seed(0)
     transformers.DebertaV2ForSequenceClassification(cfg).save_pretrained(nli_dir)
     shutil.copy(tok_dir / "tokenizer.json", nli_dir)
@@ -379,7 +338,7 @@ def test_hub_only_mode_does_not_fall_back(tmp_path: Path, monkeypatch: pytest.Mo
 def test_offline_mode_uses_a_random_init_stand_in(tiny: dict[str, Path], tmp_path: Path) -> None:
     lines: list[str] = []
     init = RandomInit(
-        config=TINY_NLI_CONFIG | {"vocab_size": 300},
+        config=DEBERTA_CONFIG | {"vocab_size": 300},
         tokenizer=tiny["tokenizer"],
         stands_in_for="memgate-tests/tiny-nli",
     )

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _tiny import DEBERTA_CONFIG, write_tokenizer
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
@@ -236,9 +238,6 @@ _WORDS = (
     "the a user customer office plan is in at on of and to my lives moved works likes fact "
     "episode note writer cycle number tea coffee denver austin chicago lisbon porto gold silver"
 ).split()
-_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-_CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789.,:;!?'-_/")
-
 _TINY_BERT: dict[str, Any] = {
     "model_type": "bert",
     "architectures": ["BertModel"],
@@ -248,45 +247,11 @@ _TINY_BERT: dict[str, Any] = {
     "intermediate_size": 64,
     "max_position_embeddings": 128,
 }
-_TINY_DEBERTA: dict[str, Any] = {
-    "model_type": "deberta-v2",
-    "architectures": ["DebertaV2ForSequenceClassification"],
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 4,
-    "intermediate_size": 64,
-    "max_position_embeddings": 128,
-    "relative_attention": True,
-    "position_buckets": 32,
-    "max_relative_positions": -1,
-    "pos_att_type": ["p2c", "c2p"],
-    "norm_rel_ebd": "layer_norm",
-    "share_att_key": True,
-    "position_biased_input": False,
-    "type_vocab_size": 0,
-    "pad_token_id": 0,
-    "id2label": {"0": "contradiction", "1": "entailment", "2": "neutral"},
-    "label2id": {"contradiction": 0, "entailment": 1, "neutral": 2},
-}
+_TINY_DEBERTA: dict[str, Any] = {**DEBERTA_CONFIG, "num_hidden_layers": 1}
 
 
 def _tokenizer(directory: Path) -> int:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    pieces = _SPECIAL + _CHARS + [f"##{c}" for c in _CHARS] + sorted(set(_WORDS))
-    vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tok.decoder = decoders.WordPiece()
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(str(directory / "tokenizer.json"))
-    return len(vocab)
+    return write_tokenizer(directory, _WORDS)
 
 
 def tiny_models(root: Path) -> Path:

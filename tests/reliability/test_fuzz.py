@@ -267,18 +267,13 @@ def overrides(draw: Any) -> Any:
         st.floats(allow_nan=True, allow_infinity=True, width=32),
         st.sampled_from([0.0, 0.5, 0.95, 1.0, -0.0, 2.0]),
     )
-    for name in (
-        "floor",
-        "contradiction",
-        "key_match_contradiction",
-        "duplicate_similarity",
-        "duplicate_max_contradiction",
-        "ambiguity_margin",
-        "key_match_floor",
-        "key_ambiguity_margin",
-        "dominance_margin",
-        "auto_floor",
-    ):
+    floats = [
+        f.name
+        for f in pb.PolicyOverrides.DESCRIPTOR.fields
+        if f.cpp_type == f.CPPTYPE_FLOAT or f.cpp_type == f.CPPTYPE_DOUBLE
+    ]
+    assert floats, "PolicyOverrides has no float fields: the proto changed"
+    for name in floats:
         if draw(st.integers(0, 6)) == 0:
             setattr(msg, name, draw(odd_floats))
     if draw(st.booleans()):
