@@ -343,7 +343,7 @@ def test_every_crash_point_of_every_composite_operation(tmp_path: Path, figures:
             for fault in invariant_faults(db, snaps):
                 half_applied.append(f"{op} point {at}/{k + 1}: {fault}")
     figures.record(
-        "crash points in composite operations",
+        "2 crash points in composite operations",
         points_per_operation=points,
         points=sum(points.values()),
         half_applied_states=len(half_applied),

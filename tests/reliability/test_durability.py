@@ -339,7 +339,7 @@ def test_kill_9_loses_no_acknowledged_write(
         server.kill()
     acked = sum(len(w.acks) for w in writers)
     figures.record(
-        "kill -9 durability",
+        "1 kill -9 durability",
         cycles=tally.cycles,
         killed_while_starting=tally.killed_while_starting,
         acked=acked,

@@ -389,7 +389,7 @@ def test_store_and_index_follow_a_plain_model(figures: Any) -> None:
         failing = 0
     finally:
         figures.record(
-            "stateful property test",
+            "6 stateful property test",
             examples=_STATS["examples"],
             steps=_STATS["steps"],
             restarts=_STATS["restarts"],

@@ -333,7 +333,7 @@ def test_injected_io_errors_and_full_disk_at_every_write_point(
             if not within(seconds, NOT_SERVING_BOUND_S):
                 problems.append(f"{label}: NOT_SERVING after {seconds:.3f} s")
     figures.record(
-        "I/O errors and full disk (injected)",
+        "5 I/O errors and full disk (injected)",
         write_points_per_rpc=points,
         runs=runs,
         ok_answers_for_uncommitted_writes=ok_uncommitted,
@@ -401,7 +401,7 @@ def test_a_full_disk_at_the_store_cap_is_resource_exhausted_and_fail_stop(
         store.close()
     missing, present, ok = check_after_real_fault(db, acked, refused)
     figures.record(
-        "full disk (SQLite page cap)",
+        "5 full disk (SQLite page cap)",
         acked=len(acked),
         status=code,
         later_write=after,
@@ -457,7 +457,7 @@ def test_a_real_enospc_is_resource_exhausted_and_fail_stop(
             shutil.copy(f"{db}{suffix}", roomy / f"memgate.db{suffix}")
     missing, present, ok = check_after_real_fault(roomy / "memgate.db", acked, refused)
     figures.record(
-        "full disk (real ENOSPC, tmpfs)",
+        "5 full disk (real ENOSPC, tmpfs)",
         acked=len(acked),
         status=code,
         later_write=after,
@@ -496,7 +496,7 @@ def test_a_real_write_error_in_the_real_server_is_unavailable_and_fail_stop(
     finally:
         again.kill()
     figures.record(
-        "write error (RLIMIT_FSIZE -> EFBIG, real server)",
+        "5 write error (RLIMIT_FSIZE -> EFBIG, real server)",
         acked=len(acked),
         status=code,
         later_write=after,
