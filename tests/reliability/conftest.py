@@ -56,6 +56,12 @@ def within(seconds: float, bound: float) -> bool:
     return seconds <= bound * SLACK
 
 
+def _item_order(name: str) -> tuple[int, str]:
+    """Sort "2 crash points" before "10 deadlines": by the issue's item number, then name."""
+    head = name.split(" ", 1)[0]
+    return (int(head) if head.isdigit() else 1_000, name)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not _FIGURES.rows:
         return
@@ -72,6 +78,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     path.write_text(json.dumps({"slack": SLACK, "figures": _FIGURES.rows}, indent=2, default=str))
     tr = terminalreporter
     tr.section("reliability figures")
-    for test, row in sorted(_FIGURES.rows.items()):
+    for test, row in sorted(_FIGURES.rows.items(), key=lambda kv: _item_order(kv[0])):
         tr.write_line(f"{test}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
     tr.write_line(f"written to {path}")
