@@ -631,6 +631,18 @@ class StopAfter:
             yield d
 
 
+def grpc_job(src: Path, work: Path, target: str, stop: threading.Event | None = None) -> Job:
+    """The job ``memgate backfill --target`` runs: windows of 16 through the Backfill RPC."""
+    return Job(
+        Source.open(src),
+        BackfillSettings(batch=16),
+        destination=f"grpc:{target}",
+        audit=work / "audit.jsonl",
+        checkpoint=work / "checkpoint.json",
+        stop=stop,
+    )
+
+
 def test_backfill_over_grpc_streams_in_order_and_resumes(tmp_path: Path, server: Any) -> None:
     from engine.client import MemgateClient
 
@@ -638,14 +650,7 @@ def test_backfill_over_grpc_streams_in_order_and_resumes(tmp_path: Path, server:
     src = write_lines(tmp_path / "rows.jsonl", lines)
 
     def job(stop: threading.Event | None = None) -> Job:
-        return Job(
-            Source.open(src),
-            BackfillSettings(batch=16),
-            destination=f"grpc:{server.target}",
-            audit=tmp_path / "audit.jsonl",
-            checkpoint=tmp_path / "checkpoint.json",
-            stop=stop,
-        )
+        return grpc_job(src, tmp_path, server.target, stop)
 
     with MemgateClient(server.target, timeout=None) as client:
         stop = threading.Event()
@@ -684,13 +689,7 @@ def test_a_stream_cut_mid_flight_resumes_exactly_once(tmp_path: Path, server: An
     src = write_lines(tmp_path / "rows.jsonl", lines)
 
     def job() -> Job:
-        return Job(
-            Source.open(src),
-            BackfillSettings(batch=16),
-            destination=f"grpc:{server.target}",
-            audit=tmp_path / "audit.jsonl",
-            checkpoint=tmp_path / "checkpoint.json",
-        )
+        return grpc_job(src, tmp_path, server.target)
 
     with MemgateClient(server.target, timeout=None) as client:
         with pytest.raises(Killed):

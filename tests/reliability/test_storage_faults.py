@@ -381,24 +381,36 @@ def check_after_real_fault(
     return missing, bool(present), ok
 
 
+def fill_until_refused(
+    store: SQLiteStore, models: tuple[Any, Any], fact_of: Callable[[int], Fact]
+) -> tuple[list[Any], list[Any], str, float, str, str]:
+    """Serve ``store``, write ``fact_of(i)`` until the disk refuses, then probe.
+
+    Returns (acked, refused, the refusal's code, seconds to NOT_SERVING, the code of a later
+    write, the code of a read of the first acked memory); closes the store."""
+    try:
+        with serving(make_gate(store, models)) as st:
+            with MemgateClient(st.target, timeout=20.0, retry=False) as client:
+                acked, refused, code, sent = write_until_refused(client, fact_of)
+                not_serving = wait_not_serving(client, sent)
+                after = call(lambda: client.write([Fact(NS, "More.", kind="episodic")]))
+                read = call(lambda: client.get(NS, acked[0][0])) if acked else "-"
+    finally:
+        store.close()
+    return acked, refused, code, not_serving, after, read
+
+
 def test_a_full_disk_at_the_store_cap_is_resource_exhausted_and_fail_stop(
     models: tuple[Any, Any], tmp_path: Path, figures: Any
 ) -> None:
     db = tmp_path / "capped.db"
     SQLiteStore(db).close()
     cap = db.stat().st_size + (192 << 10)
-    store = SQLiteStore(db, StoreSettings(max_db_bytes=cap))
-    try:
-        with serving(make_gate(store, models)) as st:
-            with MemgateClient(st.target, timeout=20.0, retry=False) as client:
-                acked, refused, code, sent = write_until_refused(
-                    client, lambda i: Fact(NS, f"Entry {i}: " + "lorem ipsum " * 600, "episodic")
-                )
-                not_serving = wait_not_serving(client, sent)
-                after = call(lambda: client.write([Fact(NS, "More.", kind="episodic")]))
-                read = call(lambda: client.get(NS, acked[0][0]))
-    finally:
-        store.close()
+    acked, refused, code, not_serving, after, read = fill_until_refused(
+        SQLiteStore(db, StoreSettings(max_db_bytes=cap)),
+        models,
+        lambda i: Fact(NS, f"Entry {i}: " + "lorem ipsum " * 600, "episodic"),
+    )
     missing, present, ok = check_after_real_fault(db, acked, refused)
     figures.record(
         "5 full disk (SQLite page cap)",
@@ -438,17 +450,11 @@ def test_a_real_enospc_is_resource_exhausted_and_fail_stop(
     models: tuple[Any, Any], small_tmpfs: Path, figures: Any
 ) -> None:
     db = small_tmpfs / "memgate.db"
-    store = SQLiteStore(db)
-    try:
-        with serving(make_gate(store, models)) as st:
-            with MemgateClient(st.target, timeout=20.0, retry=False) as client:
-                acked, refused, code, sent = write_until_refused(
-                    client, lambda i: Fact(NS, f"Note {i}: " + "dolor sit amet " * 500, "episodic")
-                )
-                not_serving = wait_not_serving(client, sent)
-                after = call(lambda: client.write([Fact(NS, "More.", kind="episodic")]))
-    finally:
-        store.close()
+    acked, refused, code, not_serving, after, _ = fill_until_refused(
+        SQLiteStore(db),
+        models,
+        lambda i: Fact(NS, f"Note {i}: " + "dolor sit amet " * 500, "episodic"),
+    )
     # Free space the way an operator would (here: copy the files to a roomy disk), then reopen.
     roomy = small_tmpfs.parent / "roomy"
     roomy.mkdir()
