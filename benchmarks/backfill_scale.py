@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -172,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     src = work / f"facts-{args.facts}-{args.namespaces}-{args.seed}.jsonl"
     data_dir = work / "data"
     if args.fresh and data_dir.exists():
-        import shutil
-
         shutil.rmtree(data_dir)
     write_input(src, args.facts, args.namespaces, args.seed)
     cmd = [
