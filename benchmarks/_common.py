@@ -43,6 +43,7 @@ __all__ = [
     "Slot",
     "add_common_args",
     "default_cache_dir",
+    "dump_json",
     "fmt",
     "git_info",
     "machine",
@@ -265,10 +266,15 @@ def write_json(out_dir: Path, name: str, payload: dict[str, Any], stamp: str | N
     payload = {**payload, "finished_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
     payload.setdefault("load_average_at_end", [round(x, 2) for x in os.getloadavg()])
     payload.setdefault("cpu_used_during_run", others_cpu())
+    dump_json(path, payload)
+    return path
+
+
+def dump_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n", encoding="utf-8")
     tmp.replace(path)
-    return path
 
 
 def _jsonable(value: Any) -> Any:

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import platform
 import random
 import signal
 import subprocess
@@ -42,11 +40,17 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-RESULTS = ROOT / "benchmarks" / "results"
+from _common import (  # noqa: E402 - the path above makes the helpers importable
+    RESULTS,
+    ROOT,
+    default_cache_dir,
+    pyplot,
+    run_header,
+    utc_stamp,
+    write_json,
+)
 
 SUBJECTS = [
     "The customer",
@@ -87,7 +91,7 @@ NEW_TOPICS = [
 
 # -- data -----------------------------------------------------------------------------------------
 def possessive(subject: str) -> str:
-    return subject + "'s" if not subject.endswith("team") else subject + "'s"
+    return subject + "'s"
 
 
 def build_data(
@@ -438,39 +442,6 @@ async def run_load(
 
 
 # -- report ---------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import onnxruntime
-
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "onnxruntime": onnxruntime.__version__,
-    }
-
-
-def git_sha() -> str:
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha or "no-commit") + ("-dirty" if dirty else "")
-
-
 def table(base: dict[str, Any], phases: list[Phase]) -> str:
     head = (
         f"{'phase':<14}{'offered/s':>10}{'served/s':>10}{'p50 ms':>9}{'p95 ms':>9}"
@@ -491,11 +462,9 @@ def table(base: dict[str, Any], phases: list[Phase]) -> str:
 
 
 def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is None:
+        return
     opened = [p for p in phases if p.offered is not None]
     x = [p.offered for p in opened]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -532,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--cache-dir",
-        default=os.environ.get("MEMGATE_HOME", str(Path.home() / ".cache" / "memgate")),
+        default=str(default_cache_dir()),
     )
     p.add_argument("--namespaces", type=int, default=10)
     p.add_argument("--memories", type=int, default=1000)
@@ -589,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         args.baseline_s, args.phase_s, args.min_calls, args.loads = 2.0, 2.0, 5, [0.5, 2.0]
         args.memories, args.incoming = min(args.memories, 100), min(args.incoming, 200)
         args.clients = min(args.clients, 4)
+    header = run_header("bench_grpc", args)
     stored, incoming = build_data(args.namespaces, args.memories, args.incoming, args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
         db = Path(tmp) / "memgate.db"
@@ -658,13 +628,9 @@ def main(argv: list[str] | None = None) -> int:
         f" accepted p99 {overload.p99_ms:.1f} ms vs unloaded p99 {unloaded.p99_ms:.1f} ms = "
         f"{figures['overload_p99_over_unloaded_p99']:.2f}x (target <= 2x)"
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = utc_stamp()
     record = {
-        "benchmark": "bench_grpc",
-        "git": git_sha(),
-        "time": stamp,
-        "machine": {**machine(), "loadavg_start": load_start, "loadavg_end": load_end},
+        **header,
         "settings": {
             "quick": args.quick,
             "smoke": args.smoke,
@@ -690,8 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases": [asdict(p) for p in phases],
         "figures": figures,
     }
-    json_path = args.out / f"bench_grpc-{stamp}.json"
-    json_path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    json_path = write_json(args.out, "bench_grpc", record, stamp=stamp)
     png_path = args.out / f"bench_grpc-{stamp}.png"
     plot(png_path, base, phases)
     print(

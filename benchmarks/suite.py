@@ -48,6 +48,7 @@ from _common import (  # noqa: E402
     RESULTS,
     ROOT,
     default_cache_dir,
+    dump_json,
     manifest_summary,
     others_cpu,
     run_header,
@@ -461,12 +462,6 @@ def run_part(
 
 
 # -- the suite ------------------------------------------------------------------------------
-def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
 def _command_line(argv: Sequence[str] | None) -> str:
     prog = Path(sys.argv[0]).name
     if prog in ("memgate", "__main__.py"):  # called by `memgate bench`: what the user typed
@@ -566,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "parts": records,
     }
     path = suite_dir / "suite.json"
-    _write_json(path, suite)
+    dump_json(path, suite)
     md = report.render(suite, suite_dir)
 
     not_ok = [(name, rec) for name, rec in records.items() if rec.get("status") != "ok"]
