@@ -77,10 +77,9 @@ _BACKOFF_S = 0.05
 _MAX_BACKOFF_S = 1.0
 
 
-def _translate_deadline() -> MemgateError:
-    exc = DeadlineExceeded("the deadline passed between retries of an idempotent write")
-    exc.code = "DEADLINE_EXCEEDED"  # type: ignore[attr-defined]
-    exc.request_id = ""  # type: ignore[attr-defined]
+def _tagged(exc: MemgateError, code: str, request_id: str) -> MemgateError:
+    exc.code = code  # type: ignore[attr-defined]
+    exc.request_id = request_id  # type: ignore[attr-defined]
     return exc
 
 
@@ -94,12 +93,8 @@ def _request_id(metadata: Any) -> str:
 def _translate(err: grpc.RpcError) -> MemgateError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
-    exc = error_class(code)(details or code.name)
-    exc.code = code.name  # type: ignore[attr-defined]
-    exc.request_id = _request_id(  # type: ignore[attr-defined]
-        err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    )
-    return exc
+    metadata = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    return _tagged(error_class(code)(details or code.name), code.name, _request_id(metadata))
 
 
 class MemgateClient:
@@ -180,7 +175,13 @@ class MemgateClient:
             remaining = None if deadline is None else deadline - time.monotonic()
             try:
                 if remaining is not None and remaining <= 0:
-                    raise _translate_deadline()
+                    raise _tagged(
+                        DeadlineExceeded(
+                            "the deadline passed between retries of an idempotent write"
+                        ),
+                        "DEADLINE_EXCEEDED",
+                        "",
+                    )
                 response, call = method.with_call(
                     request, timeout=remaining, metadata=self._metadata
                 )

@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.errors import InvalidInput
 from engine.server.proto import pb
@@ -68,6 +68,9 @@ RESOLUTION_TO_PB: dict[str, Any] = {
 }
 PB_TO_RESOLUTION: dict[int, str] = {v: k for k, v in RESOLUTION_TO_PB.items()}
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 _FLOAT_OVERRIDES = (
     "floor",
     "contradiction",
@@ -80,7 +83,12 @@ _FLOAT_OVERRIDES = (
     "dominance_margin",
     "auto_floor",
 )
-_OTHER_OVERRIDES = ("top_k", "normalize", "keys", "review_scope")
+_OTHER_OVERRIDES: dict[str, Callable[[Any], Any]] = {
+    "top_k": int,
+    "normalize": bool,
+    "keys": bool,
+    "review_scope": str,
+}
 TIMING_PHASES = ("tokenize", "queue", "embed", "search", "nli", "store", "total")
 
 
@@ -239,18 +247,19 @@ def fact_to_pb(fact: Fact) -> Any:
     )
 
 
+def _lookup(table: Mapping[_K, _V], key: _K, message: str) -> _V:
+    try:
+        return table[key]
+    except KeyError:
+        raise InvalidInput(message) from None
+
+
 def policy_from_pb(value: int) -> str:
-    name = PB_TO_POLICY.get(value)
-    if name is None:
-        raise InvalidInput(f"unknown policy {value}")
-    return name
+    return _lookup(PB_TO_POLICY, value, f"unknown policy {value}")
 
 
 def policy_to_pb(name: str) -> Any:
-    try:
-        return POLICY_TO_PB[name]
-    except KeyError:
-        raise InvalidInput(f"unknown policy {name!r}: choose strict or review") from None
+    return _lookup(POLICY_TO_PB, name, f"unknown policy {name!r}: choose strict or review")
 
 
 def overrides_from_pb(msg: Any) -> dict[str, Any]:
@@ -263,15 +272,9 @@ def overrides_from_pb(msg: Any) -> dict[str, Any]:
             if not math.isfinite(value):
                 raise InvalidInput(f"override {name} must be finite")
             out[name] = round(value, 6)
-    for name in _OTHER_OVERRIDES:
+    for name, cast in _OTHER_OVERRIDES.items():
         if msg.HasField(name):
-            value = getattr(msg, name)
-            if name == "top_k":
-                out[name] = int(value)
-            elif name == "review_scope":
-                out[name] = str(value)
-            else:
-                out[name] = bool(value)
+            out[name] = cast(getattr(msg, name))
     return out
 
 
@@ -285,17 +288,11 @@ def overrides_to_pb(overrides: Mapping[str, Any] | None) -> Any:
 
 
 def resolution_from_pb(value: int) -> str:
-    name = PB_TO_RESOLUTION.get(value)
-    if name is None:
-        raise InvalidInput("resolution must be ACCEPT, KEEP_BOTH or REJECT")
-    return name
+    return _lookup(PB_TO_RESOLUTION, value, "resolution must be ACCEPT, KEEP_BOTH or REJECT")
 
 
 def resolution_to_pb(name: str) -> Any:
-    try:
-        return RESOLUTION_TO_PB[name]
-    except KeyError:
-        raise InvalidInput("resolution must be accept, keep_both or reject") from None
+    return _lookup(RESOLUTION_TO_PB, name, "resolution must be accept, keep_both or reject")
 
 
 # -- responses -----------------------------------------------------------------------------
@@ -366,6 +363,10 @@ def _json(value: Mapping[str, Any]) -> str:
     return json.dumps(value, default=str, sort_keys=True) if value else ""
 
 
+def _from_json(text: str) -> Any:
+    return json.loads(text) if text else {}
+
+
 def memory_to_pb(m: Memory) -> Any:
     return pb.Memory(
         id=m.id,
@@ -391,13 +392,13 @@ def memory_from_pb(msg: Any) -> Memory:
         kind=PB_TO_KIND.get(msg.kind, "semantic"),  # type: ignore[arg-type]
         text=msg.text,
         key=msg.key or None,
-        metadata=json.loads(msg.metadata_json) if msg.metadata_json else {},
+        metadata=_from_json(msg.metadata_json),
         source=msg.source or None,
         created_at=msg.created_at,
         status=msg.status,
         supersedes=msg.supersedes or None,
         superseded_by=msg.superseded_by or None,
-        scores=json.loads(msg.scores_json) if msg.scores_json else {},
+        scores=_from_json(msg.scores_json),
         inferred_key=msg.inferred_key or None,
     )
 
@@ -429,7 +430,7 @@ def review_from_pb(msg: Any) -> ReviewItem:
         namespace=msg.namespace,
         fact=fact,
         target_id=msg.target_id or None,
-        scores=json.loads(msg.scores_json) if msg.scores_json else {},
+        scores=_from_json(msg.scores_json),
         status=msg.status,
         created_at=msg.created_at,
         resolved_memory_id=msg.resolved_memory_id or None,

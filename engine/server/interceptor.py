@@ -23,6 +23,7 @@ import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,38 +150,35 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
 
     def _unary(self, rpc: str, behavior: Any) -> Any:
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call = self._begin(rpc, context)
-            try:
-                _CURRENT.set(call)
-                if self._draining:
-                    raise Unavailable("the server is draining; retry on another replica")
-                call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+            async with self._guard(rpc, context):
                 return await behavior(check_decoded(request), context)
-            except BaseException as exc:
-                await self._fail(call, exc, context)
-                raise
-            finally:
-                self._end(call)
 
         return handle
 
     def _stream(self, rpc: str, behavior: Any) -> Any:
         async def handle(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            call = self._begin(rpc, context)
-            try:
-                _CURRENT.set(call)
-                if self._draining:
-                    raise Unavailable("the server is draining; retry on another replica")
-                call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+            async with self._guard(rpc, context):
                 async for response in behavior(_checked(requests), context):
                     yield response
-            except BaseException as exc:
-                await self._fail(call, exc, context)
-                raise
-            finally:
-                self._end(call)
 
         return handle
+
+    @asynccontextmanager
+    async def _guard(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
+        """Around one handler: begin, refuse while draining, authenticate; map any failure to
+        its status; end (metrics, access log)."""
+        call = self._begin(rpc, context)
+        try:
+            _CURRENT.set(call)
+            if self._draining:
+                raise Unavailable("the server is draining; retry on another replica")
+            call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+            yield call
+        except BaseException as exc:
+            await self._fail(call, exc, context)
+            raise
+        finally:
+            self._end(call)
 
     # -- the three steps ------------------------------------------------------------------------
     def _begin(self, rpc: str, context: grpc.aio.ServicerContext) -> Call:

@@ -99,7 +99,7 @@ def run_model_batch(gate: Any, group: Hashable, works: list[ModelWork]) -> list[
     except InvalidInput:
         if len(works) == 1:
             raise
-        return [_one(gate, group, w) for w in works]
+        return [_one(gate, group, overrides, w) for w in works]
     out = []
     start = 0
     for work in works:
@@ -109,22 +109,21 @@ def run_model_batch(gate: Any, group: Hashable, works: list[ModelWork]) -> list[
     return out
 
 
-def _one(gate: Any, group: TriageGroup, work: ModelWork) -> Any:
+def _one(gate: Any, group: TriageGroup, overrides: dict[str, Any] | None, work: ModelWork) -> Any:
     try:
-        result = gate.triage(
-            list(work.facts),
-            group.policy,
-            apply=group.apply,
-            overrides=dict(group.overrides) or None,
-        )
+        result = gate.triage(list(work.facts), group.policy, apply=group.apply, overrides=overrides)
     except InvalidInput as exc:
         return exc
     return (result.decisions, result.timings)
 
 
-def _check_ref(namespace: str, ident: str, what: str) -> None:
+def _check_namespace(namespace: str) -> None:
     if not namespace or len(namespace) > 128:
         raise InvalidInput("namespace must be 1-128 characters")
+
+
+def _check_ref(namespace: str, ident: str, what: str) -> None:
+    _check_namespace(namespace)
     if not ident or len(ident) > _MAX_ID:
         raise InvalidInput(f"{what} must be 1-{_MAX_ID} characters")
 
@@ -200,18 +199,23 @@ class MemgateService(pb_grpc.MemgateServicer):
         policy_by_name(name).with_overrides(overrides)  # validate now, not in a shared batch
         return TriageGroup(name, tuple(sorted(overrides.items())), apply)
 
+    async def _queue(
+        self, work: ModelWork, texts: list[str], group: Hashable, deadline: float | None
+    ) -> tuple[Served[Any], float]:
+        """Count ``texts``' tokens and queue ``work`` on the batcher: (served, tokenize seconds)."""
+        t0 = time.perf_counter()
+        tokens = sum(self._count(texts))
+        tokenize = time.perf_counter() - t0
+        served = await self._batcher.submit(
+            work, group=group, facts=len(texts), tokens=tokens, deadline=deadline
+        )
+        return served, tokenize
+
     async def _submit(
         self, facts: list[Fact], group: TriageGroup, deadline: float | None
     ) -> tuple[Served[Any], float]:
-        t0 = time.perf_counter()
-        tokens = sum(self._count([f.text for f in facts]))
-        tokenize = time.perf_counter() - t0
-        served = await self._batcher.submit(
-            ModelWork(facts=tuple(facts)),
-            group=group,
-            facts=len(facts),
-            tokens=tokens,
-            deadline=deadline,
+        served, tokenize = await self._queue(
+            ModelWork(facts=tuple(facts)), [f.text for f in facts], group, deadline
         )
         if self._metrics is not None:
             self._metrics.count_decisions([d.action for d in served.result[0]])
@@ -348,15 +352,8 @@ class MemgateService(pb_grpc.MemgateServicer):
         if not self._permits.try_acquire(1):
             raise Overloaded("the server is at capacity; retry with backoff")
         try:
-            t0 = time.perf_counter()
-            tokens = sum(self._count([query]))
-            tokenize = time.perf_counter() - t0
-            served = await self._batcher.submit(
-                ModelWork(query=(request.namespace, query, k)),
-                group=RECALL,
-                facts=1,
-                tokens=tokens,
-                deadline=deadline,
+            served, tokenize = await self._queue(
+                ModelWork(query=(request.namespace, query, k)), [query], RECALL, deadline
             )
         finally:
             self._permits.release(1)
@@ -409,8 +406,7 @@ class MemgateService(pb_grpc.MemgateServicer):
 
     async def ListReview(self, request: Any, context: Any) -> Any:  # noqa: N802
         started = time.perf_counter()
-        if not request.namespace or len(request.namespace) > 128:
-            raise InvalidInput("namespace must be 1-128 characters")
+        _check_namespace(request.namespace)
         current_call().authorize(request.namespace)
         limit = request.limit or 100
         if not 1 <= limit <= 1000:
