@@ -26,7 +26,7 @@ from engine.gate import keys as keymod
 from engine.gate import normalize as normmod
 from engine.gate import overlap
 from engine.gate.policy import Evidence, Policy, decide, policy_by_name
-from engine.store import Write, new_memory_id
+from engine.store import Write, WriteResult, new_memory_id
 from engine.types import KINDS, Candidate, Decision, Fact, Memory
 
 __all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
@@ -221,13 +221,13 @@ class Gate:
         result.decisions = decisions
         return result
 
-    def _recorded(self, facts: Sequence[Fact]) -> dict[int, Any]:
+    def _recorded(self, facts: Sequence[Fact]) -> dict[int, WriteResult]:
         """The store's recorded result for every fact whose idempotency key it already holds."""
         keys: dict[str, list[int]] = defaultdict(list)
         for i, fact in enumerate(facts):
             if fact.idempotency_key is not None:
                 keys[fact.namespace].append(i)
-        out: dict[int, Any] = {}
+        out: dict[int, WriteResult] = {}
         for ns, idx in keys.items():
             found = self.store.idempotent_results(ns, [facts[i].idempotency_key for i in idx])
             for i in idx:

@@ -123,11 +123,12 @@ _EMPTY: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.float32), np.empty(0, np
 class _Outcome:
     """What one load did; filled in by ``_obtain``."""
 
-    __slots__ = ("built", "data", "reconciled", "rejected", "snapshot")
+    __slots__ = ("built", "decoded", "reconciled", "rejected", "snapshot")
 
     def __init__(self) -> None:
-        self.data: bytes | None = None
-        """The snapshot file, when the caller has read it already (recovery)."""
+        self.decoded: tuple[SnapshotHeader, memoryview] | None = None
+        """The verified header and payload, when the caller has decoded the file already
+        (recovery)."""
         self.built = False
         self.snapshot = False
         self.reconciled = False
@@ -296,17 +297,17 @@ class IndexManager:
         """The verified, reconciled snapshot of ``namespace``; None: build it instead."""
         assert self._dir is not None
         path = snapshot_path(self._dir, namespace)
-        data, outcome.data = outcome.data, None
-        try:
-            if data is None:
+        decoded, outcome.decoded = outcome.decoded, None
+        if decoded is None:
+            try:
                 data = read_snapshot(path)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            self._reject(path, f"unreadable ({exc.strerror})", outcome)
-            return None
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                self._reject(path, f"unreadable ({exc.strerror})", outcome)
+                return None
         try:
-            header, payload = decode(data, namespace=namespace, dim=self._settings.dim)
+            header, payload = decoded or decode(data, namespace=namespace, dim=self._settings.dim)
             kind = cast(IndexKind, header.kind)  # decode checked it
             index = NamespaceIndex.from_bytes(
                 payload, self._settings, kind, header.count, header.built_n
@@ -317,7 +318,7 @@ class IndexManager:
         except Exception as exc:  # noqa: BLE001 - a bad file must never take the server down
             self._reject(path, f"payload rejected: {type(exc).__name__}: {exc}"[:300], outcome)
             return None
-        del data, payload
+        del decoded, payload
         return self._reconcile(namespace, path, header, index, outcome)
 
     def _reconcile(
@@ -402,18 +403,18 @@ class IndexManager:
             namespace: str | None = None
             count = 0
             try:
-                data = read_snapshot(path)
-                header, _ = decode(data, namespace=None, dim=dim)
+                header, payload = decode(read_snapshot(path), namespace=None, dim=dim)
                 if namespace_digest(header.namespace) != path.stem:
                     raise CorruptSnapshot("snapshot of another namespace")
                 namespace, count = header.namespace, header.count
-                outcome.data = data
+                outcome.decoded = header, payload
             except (CorruptSnapshot, OSError) as exc:
                 reason = str(exc) if isinstance(exc, CorruptSnapshot) else "unreadable"
                 self._reject(path, reason, outcome)
                 # The header can't be trusted to name the namespace: the store can.
                 if owners is None:
-                    owners = {namespace_digest(ns): ns for ns in self._store_namespaces()}
+                    assert self._source is not None
+                    owners = {namespace_digest(ns): ns for ns in self._source.namespaces()}
                 namespace = owners.get(path.stem)
                 if namespace is None:
                     rejected.extend(outcome.rejected)
@@ -461,23 +462,23 @@ class IndexManager:
         )
         return report
 
-    def _store_namespaces(self) -> list[str]:
-        assert self._source is not None
-        return list(self._source.namespaces())
-
     # -- snapshots: writing ----------------------------------------------------------------
 
     def _prepare(self, namespace: str, index: NamespaceIndex) -> tuple[int, bytes] | None:
         """``(generation, file bytes)`` of a snapshot of ``index``, or None when there is
-        nothing to write. The caller holds the index exclusively (its namespace lock, or it
-        was evicted)."""
+        nothing to write (or the store could not say its sequence: logged). The caller holds
+        the index exclusively (its namespace lock, or it was evicted)."""
         source = self._source
         assert source is not None
         if index.saved_generation == index.generation:
             return None
         # The sequence is read before the index is serialised: the snapshot holds at least
         # that state, so its seq never runs ahead of the store.
-        seq = source.namespace_seq(namespace)
+        try:
+            seq = source.namespace_seq(namespace)
+        except MemgateError as exc:
+            log.warning("index snapshot skipped", extra={"fields": {"error": str(exc)}})
+            return None
         generation = index.generation
         header = SnapshotHeader(
             namespace=namespace,
@@ -515,21 +516,22 @@ class IndexManager:
         with self._write_lock:
             try:
                 path.unlink()
-            except FileNotFoundError:
-                return
-            except OSError:
+            except OSError:  # FileNotFoundError included: nothing to remove
                 return
             fsync_dir(self._dir)
 
     def _save(self, namespace: str, index: NamespaceIndex) -> bool:
         """Snapshot an index nobody else holds (an evicted one). Never raises."""
+        small = index.ntotal < self._settings.snapshot_min_vectors
+        return self._finish(namespace, index, None if small else self._prepare(namespace, index))
+
+    def _finish(
+        self, namespace: str, index: NamespaceIndex, prepared: tuple[int, bytes] | None
+    ) -> bool:
+        """Write what ``_prepare`` made, or remove the snapshot of a namespace too small to
+        keep; called with no lock held."""
         if index.ntotal < self._settings.snapshot_min_vectors:
             self._discard(namespace)
-            return False
-        try:
-            prepared = self._prepare(namespace, index)
-        except MemgateError as exc:  # the store could not say its sequence
-            log.warning("index snapshot skipped", extra={"fields": {"error": str(exc)}})
             return False
         return prepared is not None and self._write(namespace, index, *prepared)
 
@@ -582,18 +584,9 @@ class IndexManager:
             if entry is None or entry.index is None:
                 return False
             index = entry.index
-            if index.ntotal < self._settings.snapshot_min_vectors:
-                prepared = None
-            else:
-                try:
-                    prepared = self._prepare(namespace, index)
-                except MemgateError as exc:
-                    log.warning("index snapshot skipped", extra={"fields": {"error": str(exc)}})
-                    return False
-        if index.ntotal < self._settings.snapshot_min_vectors:
-            self._discard(namespace)
-            return False
-        return prepared is not None and self._write(namespace, index, *prepared)
+            small = index.ntotal < self._settings.snapshot_min_vectors
+            prepared = None if small else self._prepare(namespace, index)
+        return self._finish(namespace, index, prepared)
 
     def snapshot_all(self) -> int:
         """Snapshot every loaded namespace (see :meth:`snapshot`) and wait for the background

@@ -167,8 +167,19 @@ class TokenModel(Generic[Item]):
         return self._encode(items)[0]
 
     def _encode(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
-        """The encodings, and how many texts were clipped first. Subclasses validate the items
-        and tokenise them through :meth:`clip`."""
+        """The encodings, and how many texts were clipped first."""
+        clipped = 0
+
+        def count() -> None:
+            nonlocal clipped
+            clipped += 1
+
+        inputs = [self._clip_item(item, count) for item in items]
+        return list(self.tokenizer.encode_batch(inputs, add_special_tokens=True)), clipped
+
+    def _clip_item(self, item: Item, count: Callable[[], None]) -> str | tuple[str, str]:
+        """One item, validated (``InvalidInput``), with its text(s) passed through
+        :meth:`clip`; what the tokenizer is given. Subclasses implement it."""
         raise NotImplementedError
 
     def clip(self, text: str, count: Callable[[], None], more_than: int | None = None) -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from tokenizers import Encoding
 
 from engine.errors import InvalidInput, ManifestMismatch
 from engine.runtime.base import Prepared, TokenModel
@@ -26,19 +25,10 @@ class Embedder(TokenModel[str]):
                 f"manifest embedding_dim {self.dim}"
             )
 
-    def _encode(self, items: Sequence[str]) -> tuple[list[Encoding], int]:
-        clipped = 0
-
-        def count() -> None:
-            nonlocal clipped
-            clipped += 1
-
-        texts = []
-        for text in items:
-            if not isinstance(text, str):
-                raise InvalidInput(f"embedder input must be str, got {type(text).__name__}")
-            texts.append(self.clip(text, count))
-        return list(self.tokenizer.encode_batch(texts, add_special_tokens=True)), clipped
+    def _clip_item(self, item: str, count: Callable[[], None]) -> str:
+        if not isinstance(item, str):
+            raise InvalidInput(f"embedder input must be str, got {type(item).__name__}")
+        return self.clip(item, count)
 
     def postprocess(self, outputs: list[list[np.ndarray]], prepared: Prepared) -> np.ndarray:
         result = np.zeros((prepared.n, self.dim), dtype=np.float32)

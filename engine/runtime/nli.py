@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from tokenizers import Encoding
 
 from engine.errors import InvalidInput, ManifestMismatch
 from engine.runtime.base import Prepared, TokenModel
@@ -38,27 +37,15 @@ class NLIScorer(TokenModel[Pair]):
                 f"manifest labels {self.labels}"
             )
 
-    def _encode(self, items: Sequence[Pair]) -> tuple[list[Encoding], int]:
-        clipped = 0
-
-        def count() -> None:
-            nonlocal clipped
-            clipped += 1
-
-        pairs = []
-        for item in items:
-            if not (
-                isinstance(item, tuple) and len(item) == 2 and all(isinstance(s, str) for s in item)
-            ):
-                raise InvalidInput("NLI input must be (premise, hypothesis) string pairs")
-            pairs.append(self._clip_pair(item, count))
-        return list(self.tokenizer.encode_batch(pairs, add_special_tokens=True)), clipped
-
-    def _clip_pair(self, pair: Pair, count: Callable[[], None]) -> Pair:
+    def _clip_item(self, pair: Pair, count: Callable[[], None]) -> Pair:
         """Clip the far-too-long sides of a pair so that longest-first truncation keeps the
         same tokens: a clipped side keeps more than ``max_length`` tokens, and more than the
         other side has, so the longer side stays the longer. When both sides are clipped,
         which one keeps the odd token of an odd budget follows their clipped lengths."""
+        if not (
+            isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)
+        ):
+            raise InvalidInput("NLI input must be (premise, hypothesis) string pairs")
         premise, hypothesis = pair
         clipped = [self.clip(side, _nothing) for side in pair]
         if clipped[0] is premise and clipped[1] is hypothesis:
@@ -67,11 +54,15 @@ class NLIScorer(TokenModel[Pair]):
             count()
             count()
             return clipped[0], clipped[1]
+        # One side clipped: it must keep more tokens than the other side has too. At the
+        # default bar that is the clip already made, so it is not tokenised again.
+        i = 0 if clipped[0] is not premise else 1
         limit = self.manifest.max_length
-        if clipped[0] is not premise:
-            need = max(limit, self.count_tokens(hypothesis))
-            return self.clip(premise, count, need), hypothesis
-        return premise, self.clip(hypothesis, count, max(limit, self.count_tokens(premise)))
+        need = max(limit, self.count_tokens(pair[1 - i]))
+        side = clipped[i] if need == limit else self.clip(pair[i], _nothing, need)
+        if side is not pair[i]:
+            count()
+        return (side, hypothesis) if i == 0 else (premise, side)
 
     def postprocess(self, outputs: list[list[np.ndarray]], prepared: Prepared) -> np.ndarray:
         probs = np.zeros((prepared.n, len(self.labels)), dtype=np.float32)

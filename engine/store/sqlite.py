@@ -163,26 +163,32 @@ _POISONING = frozenset(
 )
 
 
-def _is_full(exc: sqlite3.Error) -> bool:
+def _primary(exc: sqlite3.Error) -> int | None:
+    """The primary result code of ``exc`` (None where sqlite3 does not say)."""
     code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    code = _primary(exc)
     if code is not None:
-        return bool(code & 0xFF == sqlite3.SQLITE_FULL)
+        return code == sqlite3.SQLITE_FULL
     return "database or disk is full" in str(exc).lower()
 
 
 def _poisons(exc: sqlite3.Error) -> bool:
     """An I/O error or corruption: later calls must not use this connection."""
-    code = getattr(exc, "sqlite_errorcode", None)
+    code = _primary(exc)
     if code is not None:
-        return code & 0xFF in _POISONING
+        return code in _POISONING
     text = str(exc).lower()
     return "disk i/o error" in text or "malformed" in text or "not a database" in text
 
 
 def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
+    code = _primary(exc)
     if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return code in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "database is locked" in str(exc).lower()
 
 
@@ -895,15 +901,13 @@ class SQLiteStore:
         found: dict[str, Memory] = {}
         unique = list(dict.fromkeys(ids))
         with self._reading("get_many") as conn:
-            for start in range(0, len(unique), _CHUNK):
-                chunk = unique[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for row in conn.execute(
-                    f"SELECT {_MEMORY_COLUMNS} FROM memories "
-                    f"WHERE namespace = ? AND id IN ({marks})",
-                    (namespace, *chunk),
-                ):
-                    found[row[0]] = _memory(row)
+            for row in _rows_in(
+                conn,
+                f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ? AND id",
+                namespace,
+                unique,
+            ):
+                found[row[0]] = _memory(row)
         return [found[i] for i in ids if i in found]
 
     def texts_for_rowids(self, namespace: str, rowids: Sequence[int]) -> dict[int, ActiveText]:
@@ -913,18 +917,16 @@ class SQLiteStore:
         namespace, or negative (FAISS padding) are left out.
         """
         _check_namespace(namespace)
-        wanted = sorted({int(r) for r in rowids if int(r) >= 0})
         out: dict[int, ActiveText] = {}
         with self._reading("texts_for_rowids") as conn:
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for rowid, id_, text, inferred_key, key, kind in conn.execute(
-                    "SELECT rowid, id, text, inferred_key, key, kind FROM memories "
-                    f"WHERE namespace = ? AND status = 'active' AND rowid IN ({marks})",
-                    (namespace, *chunk),
-                ):
-                    out[int(rowid)] = ActiveText(id_, text, inferred_key, key, kind)
+            for rowid, id_, text, inferred_key, key, kind in _rows_in(
+                conn,
+                "SELECT rowid, id, text, inferred_key, key, kind FROM memories "
+                "WHERE namespace = ? AND status = 'active' AND rowid",
+                namespace,
+                _wanted(rowids),
+            ):
+                out[int(rowid)] = ActiveText(id_, text, inferred_key, key, kind)
         return out
 
     def active_by_key(self, namespace: str, key: str) -> Memory | None:
@@ -1058,14 +1060,13 @@ class SQLiteStore:
         unique = sorted(set(keys))
         out: dict[str, WriteResult] = {}
         with self._reading("idempotent_results") as conn:
-            for start in range(0, len(unique), _CHUNK):
-                chunk = unique[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                for key, result in conn.execute(
-                    f"SELECT key, result FROM idempotency WHERE namespace = ? AND key IN ({marks})",
-                    (namespace, *chunk),
-                ):
-                    out[key] = _result(result)
+            for key, result in _rows_in(
+                conn,
+                "SELECT key, result FROM idempotency WHERE namespace = ? AND key",
+                namespace,
+                unique,
+            ):
+                out[key] = _result(result)
         return out
 
     # -- index snapshots (engine.index.snapshot.SnapshotSource) ----------------------------
@@ -1104,21 +1105,39 @@ class SQLiteStore:
         ``namespace`` among ``rowids``, by rowid (others left out). ``StorageError`` if their
         embeddings disagree on their dimension."""
         _check_namespace(namespace)
-        wanted = sorted({int(r) for r in np.asarray(rowids).tolist() if int(r) >= 0})
-        found: list[tuple[int, bytes]] = []
         with self._reading("active_embeddings") as conn:
-            for start in range(0, len(wanted), _CHUNK):
-                chunk = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
-                found.extend(
-                    conn.execute(
-                        "SELECT rowid, embedding FROM memories WHERE namespace = ? "
-                        "AND status = 'active' AND embedding IS NOT NULL "
-                        f"AND rowid IN ({marks}) ORDER BY rowid",
-                        (namespace, *chunk),
-                    ).fetchall()
+            # Chunks of sorted rowids, each ordered: the rows come out by rowid.
+            found = list(
+                _rows_in(
+                    conn,
+                    "SELECT rowid, embedding FROM memories WHERE namespace = ? "
+                    "AND status = 'active' AND embedding IS NOT NULL AND rowid",
+                    namespace,
+                    _wanted(rowids),
+                    " ORDER BY rowid",
                 )
+            )
         return _stack(namespace, found)
+
+
+def _wanted(rowids: Sequence[int] | np.ndarray) -> list[int]:
+    """The distinct non-negative rowids (negatives are FAISS padding), sorted."""
+    return sorted({int(r) for r in np.asarray(rowids).tolist() if int(r) >= 0})
+
+
+def _rows_in(
+    conn: sqlite3.Connection,
+    head: str,
+    namespace: str,
+    values: Sequence[Any],
+    tail: str = "",
+) -> Iterator[Any]:
+    """The rows of ``{head} IN (values){tail}`` (``namespace`` is the first parameter), run in
+    chunks of ``_CHUNK`` values to stay under SQLite's parameter limit."""
+    for start in range(0, len(values), _CHUNK):
+        chunk = values[start : start + _CHUNK]
+        marks = ",".join("?" * len(chunk))
+        yield from conn.execute(f"{head} IN ({marks}){tail}", (namespace, *chunk))
 
 
 def _stack(namespace: str, rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
