@@ -390,19 +390,30 @@ class Stream:
 
         q: queue.Queue[Fact | None] = queue.Queue()
         pulled = [0]
+        done = [False]
+        moved = threading.Condition()
 
         def pump() -> None:
             try:
                 for f in facts:
-                    pulled[0] += 1
+                    with moved:
+                        pulled[0] += 1
+                        moved.notify_all()
                     q.put(f)
             finally:
+                with moved:
+                    done[0] = True
+                    moved.notify_all()
                 q.put(None)
 
         threading.Thread(target=pump, daemon=True).start()
         n = 0
         while (f := q.get()) is not None:
             n += 1
+            # Let the pump pull ahead when flow control allows it (bounded wait, no timing
+            # assertion): without this, whether it ran ahead depended on thread scheduling.
+            with moved:
+                moved.wait_for(lambda n=n: pulled[0] > n or done[0], timeout=0.1)
             self.pulled_at_decision.append(pulled[0])
             if self.crash_after is not None and n > self.crash_after:
                 raise RuntimeError("the connection dropped")
@@ -410,7 +421,9 @@ class Stream:
 
 
 def test_the_stream_replays_the_uncertain_range_one_fact_at_a_time(tmp_path: Path) -> None:
-    write_rows(tmp_path, 40, bad=[5])
+    # 80 rows: whatever the pump had pulled when the connection dropped, rows remain after the
+    # uncertain range, so the resumed job always reaches its streaming phase.
+    write_rows(tmp_path, 80, bad=[5])
     with pytest.raises(RuntimeError):
         job_for(tmp_path, 8).run(Stream(crash_after=20))
     cp = load(tmp_path / "cp.json")
@@ -428,7 +441,7 @@ def test_the_stream_replays_the_uncertain_range_one_fact_at_a_time(tmp_path: Pat
         assert stream.pulled_at_decision[k] == k + 1
     assert max(b - a for a, b in enumerate(stream.pulled_at_decision, 1)) > 1  # then streaming
     assert uncertain >= 8
-    assert [r["line"] for r in read_records(tmp_path / "audit.jsonl")] == list(range(1, 41))
+    assert [r["line"] for r in read_records(tmp_path / "audit.jsonl")] == list(range(1, 81))
 
 
 def test_a_new_audit_path_on_resume_starts_a_new_file_and_says_it_lacks_rows(
