@@ -90,11 +90,19 @@ def _request_id(metadata: Any) -> str:
     return ""
 
 
+def _call_id(call: Any) -> str:
+    """The request id the server sent: initial metadata, else trailing (an older server)."""
+    for read in ("initial_metadata", "trailing_metadata"):
+        rid = _request_id(getattr(call, read)()) if hasattr(call, read) else ""
+        if rid:
+            return rid
+    return ""
+
+
 def _translate(err: grpc.RpcError) -> MemgateError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
-    metadata = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    return _tagged(error_class(code)(details or code.name), code.name, _request_id(metadata))
+    return _tagged(error_class(code)(details or code.name), code.name, _call_id(err))
 
 
 class MemgateClient:
@@ -195,7 +203,7 @@ class MemgateClient:
                 time.sleep(pause)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
-            return response, _request_id(call.trailing_metadata())
+            return response, _call_id(call)
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     def _timeout(self, timeout: float | None) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = ["register"]
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.app import open_engine
     from engine.cli import _engine_settings
+    from engine.gate.gate import GateSettings
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
     from engine.server.logs import install_json_logging
@@ -32,6 +33,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.log_format == "json":
         install_json_logging("INFO" if args.access_log else "WARNING")
     tokens = parse_tokens(Path(args.tokens_file).read_text("utf-8")) if args.tokens_file else None
+    if not 1 <= args.max_text_bytes <= 1_000_000:
+        raise SystemExit("memgate serve: --max-text-bytes must be in [1, 1000000]")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("memgate serve: --tls-cert and --tls-key go together")
     settings = ServerSettings(
@@ -57,7 +60,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
         exact_tokens=args.exact_tokens,
     )
-    with open_engine(_engine_settings(args)) as eng:
+    # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
+    # at most N characters), so --max-text-bytes is the only limit a client can meet.
+    engine_settings = replace(
+        _engine_settings(args), gate=GateSettings(max_text_chars=args.max_text_bytes)
+    )
+    with open_engine(engine_settings) as eng:
         return serve(eng.gate, settings, tokens=tokens)
 
 

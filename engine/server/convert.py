@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from engine.errors import InvalidInput
 from engine.server.proto import pb
 from engine.types import Candidate, Decision, Fact, Memory, ReviewItem
+from engine.validation import check_namespace
 
 __all__ = [
     "UNDECODABLE",
@@ -173,6 +174,10 @@ def text_from_bytes(raw: bytes, what: str, limits: Limits) -> str:
 
 def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
     what = f"fact {index}"
+    try:
+        check_namespace(msg.namespace)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{what}: {exc}") from None
     text = text_from_bytes(msg.text, f"{what}: text", limits)
     kind = PB_TO_KIND.get(msg.kind)
     if kind is None:

@@ -610,7 +610,7 @@ def test_metrics_and_access_log(h: Harness, caplog: pytest.LogCaptureFixture) ->
     sample = metrics.registry.get_sample_value
     assert sample("memgate_requests_total", {"rpc": "Write", "code": "OK"}) == 1
     assert sample("memgate_request_seconds_count", {"rpc": "Get", "code": "NOT_FOUND"}) == 1
-    assert sample("memgate_decisions_total", {"action": "add"}) == 1
+    assert sample("memgate_decisions_total", {"action": "add", "dry_run": "false"}) == 1
     assert sample("memgate_queue_facts") == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
         body = resp.read().decode()
