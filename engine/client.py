@@ -29,7 +29,7 @@ from engine.errors import DeadlineExceeded, InvalidInput, MemgateError
 from engine.server import convert
 from engine.server.proto import pb, pb_grpc
 from engine.server.status import error_class
-from engine.types import Decision, Fact, Memory, ReviewItem
+from engine.types import Decision, Event, Fact, Memory, ReviewItem
 
 __all__ = ["MemgateClient", "Resolved", "Triaged"]
 
@@ -314,6 +314,22 @@ class MemgateClient:
         )
         response, _ = self._call(self._stub.ResolveReview, request, timeout)
         return Resolved(response.status, response.memory_id or None)
+
+    def events(
+        self,
+        namespace: str,
+        after_seq: int = 0,
+        limit: int = 100,
+        *,
+        timeout: float | None = None,
+    ) -> list[Event]:
+        """One page of the namespace's audit log: events with ``seq > after_seq``, oldest
+        first, at most ``limit`` (1-1000). Page on with ``after_seq=events[-1].seq``. Each
+        event keeps its rule, scores, target and time (``Event.scores``); ``type`` is the
+        store's word (``review_queued`` / ``review_resolved`` for the API's review / resolve)."""
+        request = pb.ListEventsRequest(namespace=namespace, after_seq=after_seq, limit=limit)
+        response, _ = self._call(self._stub.ListEvents, request, timeout)
+        return [convert.event_from_pb(e) for e in response.events]
 
     def backfill(
         self,

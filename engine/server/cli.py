@@ -194,6 +194,15 @@ def cmd_client(args: argparse.Namespace) -> int:
                 _emit(asdict(item))
         elif rpc == "review" and args.review_rpc == "resolve":
             _emit(asdict(mg.resolve_review(args.namespace, args.review_id, args.resolution)))
+        elif rpc == "events":
+            after = args.after_seq
+            while True:  # every page, or one with --limit
+                page = mg.events(args.namespace, after, args.page if args.all else args.limit)
+                for event in page:
+                    _emit(asdict(event))
+                if not args.all or not page:
+                    break
+                after = page[-1].seq
         elif rpc == "health":
             status = mg.health(args.service)
             _emit({"status": status})
@@ -252,6 +261,12 @@ def _add_client(sub: Any) -> None:
     p.add_argument("namespace")
     p.add_argument("review_id")
     p.add_argument("resolution", choices=["accept", "keep_both", "reject"])
+    p = rpcs.add_parser("events", parents=[common], help="the audit log of a namespace")
+    p.add_argument("namespace")
+    p.add_argument("--after-seq", type=int, default=0, help="events after this seq (default 0)")
+    p.add_argument("--limit", type=int, default=100, help="events in one page (1-1000)")
+    p.add_argument("--all", action="store_true", help="every event from --after-seq on")
+    p.set_defaults(page=1000)
     p = rpcs.add_parser("health", parents=[common], help="SERVING / NOT_SERVING (exit 1)")
     p.add_argument("--service", default="", help='"" (server) or memgate.v1.Memgate')
 

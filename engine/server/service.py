@@ -432,6 +432,14 @@ class MemgateService(pb_grpc.MemgateServicer):
             timings=_store_timings(secs, started),
         )
 
+    async def ListEvents(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """The audit log of one namespace, paged by ``seq`` (a store read, like ListReview)."""
+        started = time.perf_counter()
+        ns, after, limit = convert.events_request_from_pb(request)
+        current_call().authorize(ns)
+        events, secs = await self._io_call(self._gate.store.events, ns, after, limit)
+        return convert.events_to_pb(events, after, _store_timings(secs, started))
+
 
 def _store_timings(store_s: float, started: float) -> Any:
     return convert.timings_to_pb({"store": store_s, "total": time.perf_counter() - started})

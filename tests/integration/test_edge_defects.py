@@ -99,6 +99,7 @@ def _calls(ns: str) -> dict[str, tuple[str, Any]]:
         "Forget": ("Forget", ref),
         "Undo": ("Undo", ref),
         "ListReview": ("ListReview", pb.ListReviewRequest(namespace=ns)),
+        "ListEvents": ("ListEvents", pb.ListEventsRequest(namespace=ns)),
         "ResolveReview": (
             "ResolveReview",
             pb.ResolveReviewRequest(namespace=ns, review_id="rev_0123", resolution=pb.ACCEPT),
