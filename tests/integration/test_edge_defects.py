@@ -9,6 +9,7 @@ Real servers only: an in-process ``grpc.aio`` server on 127.0.0.1 port 0 over a 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import urllib.request
@@ -309,3 +310,96 @@ def test_metrics_registry_carries_process_build_and_dry_run(
             assert f'{role}_manifest="{seal[:16]}"' in info[0]
     finally:
         st.stop(grace=0)
+
+
+# -- defect 9: command-line friction ---------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _memgate(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_cli_flags_work_in_either_position(
+    serve: Callable[..., ServerThread], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``memgate client --target X write FILE`` (main: "unrecognized arguments") and
+    ``memgate serve --cache-dir D`` (main: refused) parse as their other spelling does."""
+    from engine.cli import build_parser, main
+
+    parser = build_parser()
+    before = parser.parse_args(["client", "--target", "h:1", "--timeout", "5", "write", "-"])
+    after = parser.parse_args(["client", "write", "-", "--target", "h:1", "--timeout", "5"])
+    assert (before.target, before.timeout) == (after.target, after.timeout) == ("h:1", 5.0)
+    assert parser.parse_args(["client", "write", "-"]).target == "127.0.0.1:50051"
+    assert parser.parse_args(["serve", "--cache-dir", "/c"]).cache_dir == "/c"
+    assert parser.parse_args(["--cache-dir", "/c", "serve"]).cache_dir == "/c"
+    assert parser.parse_args(["serve", "--log-level", "INFO"]).log_level == "INFO"
+
+    st = serve()
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text('{"namespace": "cli/a", "text": "The office is in Oslo."}\n', "utf-8")
+    assert main(["client", "--target", st.target, "write", str(facts)]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["action"] == "add"
+
+
+def test_cli_mistakes_are_usage_errors_not_tracebacks(tmp_path: Path) -> None:
+    """``memgate client write "some text"`` (main: a FileNotFoundError traceback) and other
+    slips exit 2 with a one-line message."""
+    cases = [
+        ("client", "write", "The office is in Oslo."),
+        ("client", "--target", "127.0.0.1:1", "triage", str(tmp_path / "missing.jsonl")),
+        ("serve", "--max-text-bytes", "0", "--cache-dir", str(tmp_path)),
+        ("serve", "--tls-cert", "c.pem", "--cache-dir", str(tmp_path)),
+        ("client", "events"),
+    ]
+    for argv in cases:
+        done = _memgate(*argv)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert "Traceback" not in done.stderr and "error:" in done.stderr, (argv, done.stderr)
+
+
+def test_cli_package_has_no_import_cycles() -> None:
+    """engine/cli/ is one package, one module per command, shared flags in ``common``, and its
+    module-level imports form no cycle (main: three modules importing each other lazily)."""
+    import ast
+
+    cli = ROOT / "engine" / "cli"
+    modules = {p.stem: p for p in cli.glob("*.py")}
+    assert {"common", "serve", "client", "backfill"} <= set(modules)
+    assert not (ROOT / "engine" / "cli.py").exists()
+    assert not (ROOT / "engine" / "server" / "cli.py").exists()
+    assert not (ROOT / "engine" / "backfill" / "cli.py").exists()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "engine.cli":
+                    deps |= {a.name for a in node.names}
+                elif node.module.startswith("engine.cli."):
+                    deps.add(node.module.split(".")[2])
+        graph[name] = deps & set(modules)
+    assert graph["common"] == set(), "common imports no command"
+    assert graph["__init__"] <= {"_main"}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        if state.get(node) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join((*path, node))}")
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for dep in graph[node]:
+            visit(dep, (*path, node))
+        state[node] = 2
+
+    for node in graph:
+        visit(node, ())
