@@ -51,6 +51,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy engine
+	$(BIN)/mypy --strict engine/errors.py engine/types.py engine/validation.py engine/fsutil.py
 
 # The benchmark suite, quick mode: one JSON and one report in benchmarks/results/suite-<utc>/.
 # More flags: make bench BENCH_ARGS="--parts runtime,quality"; the full suite: memgate bench.
