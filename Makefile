@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 CACHE   ?= $(or $(MEMGATE_HOME),$(HOME)/.cache/memgate)
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup models demo serve test test-fast reliability lint typecheck proto bench clean
+.PHONY: setup models demo serve test test-fast reliability lint typecheck proto bench clean interop-deps
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,6 +34,11 @@ serve: models
 test: models
 	MEMGATE_HOME=$(CACHE) $(BIN)/python -m pytest -q
 
+# The Node.js interop client's pinned packages (tests/interop/package-lock.json); the test
+# skips only when node is absent, so install them wherever node is.
+interop-deps:
+	cd tests/interop && npm ci --no-audit --no-fund
+
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit
 
@@ -46,6 +51,7 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy engine
+	$(BIN)/mypy --strict engine/errors.py engine/types.py engine/validation.py engine/fsutil.py
 
 # The benchmark suite, quick mode: one JSON and one report in benchmarks/results/suite-<utc>/.
 # More flags: make bench BENCH_ARGS="--parts runtime,quality"; the full suite: memgate bench.

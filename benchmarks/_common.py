@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from engine.cli.common import default_cache_dir  # noqa: E402 - the one cache default
+
 RESULTS = ROOT / "benchmarks" / "results"
 
 __all__ = [
@@ -65,10 +67,6 @@ __all__ = [
 
 
 # -- arguments --------------------------------------------------------------------------------
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate")
-
-
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer reps and sizes (minutes)")
     parser.add_argument(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.gate.gate import Gate, GateSettings
 from engine.index import IndexManager, IndexSettings
+from engine.pipeline.layout import DEFAULT_CACHE_DIR
 from engine.runtime.base import BatchSettings
 from engine.runtime.loader import ModelChoice, load_models
 from engine.runtime.session import SessionSettings
@@ -22,7 +23,7 @@ log = logging.getLogger("memgate")
 class EngineSettings:
     data_dir: Path = Path("memgate-data")
     """Where the store (memgate.db) lives, and its index snapshots (``index/``)."""
-    cache_dir: Path = Path.home() / ".cache" / "memgate"
+    cache_dir: Path = DEFAULT_CACHE_DIR
     """Where built model artefacts live (``memgate models build``)."""
     models: ModelChoice = field(default_factory=ModelChoice)
     session: SessionSettings = field(default_factory=SessionSettings)

@@ -29,7 +29,7 @@ from engine.errors import DeadlineExceeded, InvalidInput, MemgateError
 from engine.server import convert
 from engine.server.proto import pb, pb_grpc
 from engine.server.status import error_class
-from engine.types import Decision, Fact, Memory, ReviewItem
+from engine.types import Decision, Event, Fact, Memory, ReviewItem
 
 __all__ = ["MemgateClient", "Resolved", "Triaged"]
 
@@ -73,8 +73,10 @@ _RETRY_CONFIG = json.dumps(
 
 
 _BACKOFF_S = 0.05
-"""First retry pause bound of an idempotent write (full jitter), doubled per attempt."""
+"""First retry pause bound of an idempotent call (full jitter), doubled per attempt."""
 _MAX_BACKOFF_S = 1.0
+_RECONNECT_MIN_MS = 100
+_RECONNECT_MAX_MS = 1000
 
 
 def _tagged(exc: MemgateError, code: str, request_id: str) -> MemgateError:
@@ -90,11 +92,19 @@ def _request_id(metadata: Any) -> str:
     return ""
 
 
+def _call_id(call: Any) -> str:
+    """The request id the server sent: initial metadata, else trailing (an older server)."""
+    for read in ("initial_metadata", "trailing_metadata"):
+        rid = _request_id(getattr(call, read)()) if hasattr(call, read) else ""
+        if rid:
+            return rid
+    return ""
+
+
 def _translate(err: grpc.RpcError) -> MemgateError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     details = err.details() if hasattr(err, "details") else str(err)
-    metadata = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    return _tagged(error_class(code)(details or code.name), code.name, _request_id(metadata))
+    return _tagged(error_class(code)(details or code.name), code.name, _call_id(err))
 
 
 class MemgateClient:
@@ -106,11 +116,19 @@ class MemgateClient:
     ``timeout``: the default deadline of every call, in seconds (None: no deadline).
     ``retry``: retry calls refused by admission control (RESOURCE_EXHAUSTED) up to 3 times with
     jittered exponential backoff. A refused call did no work, so even a Write is safe to retry.
-    Also retry a :meth:`write` that failed with UNAVAILABLE (a lost connection, a draining
-    server) up to ``write_attempts`` attempts in all, within the call's one deadline, when every
-    fact carries an idempotency key: if the lost attempt committed, the retry replays its
-    result (``Decision.replayed``) and stores nothing twice. A write with a fact lacking a key
-    is never retried on UNAVAILABLE (it may have committed).
+    Also retry, on UNAVAILABLE (a lost connection, a draining or restarting server), every
+    call that is safe to repeat: reads (Recall, Get, History, ListReview, ListEvents), Triage,
+    and a :meth:`write` whose facts all carry an idempotency key (if the lost attempt
+    committed, the retry replays its result, ``Decision.replayed``, and stores nothing twice).
+    Retries are bounded by time, not by count: for ``retry_s`` seconds from the first attempt
+    (default 30, long enough for a restart with the real models) and within the call's own
+    deadline, with full-jitter exponential backoff (50 ms doubling to 1 s). Each retry waits for
+    the channel to be ready (``wait_for_ready``), and the channel re-dials a lost server every
+    100 ms-1 s instead of gRPC's default of up to 2 minutes, so a write goes through within
+    about a second of the server answering SERVING again. A retry must be answered within that
+    window too (its deadline is the window's end, or the call's when that comes first). A write with a fact lacking a key is
+    never retried on UNAVAILABLE (it may have committed), nor is Forget, Undo or
+    ResolveReview. ``write_attempts``: an optional cap on attempts as well (None: time only).
     ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped around the channel
     (tracing, fault injection in tests).
     """
@@ -124,15 +142,22 @@ class MemgateClient:
         tls_server_name: str | None = None,
         timeout: float | None = 30.0,
         retry: bool = True,
-        write_attempts: int = 5,
+        retry_s: float = 30.0,
+        write_attempts: int | None = None,
         max_message_bytes: int = 16 << 20,
         interceptors: Sequence[Any] = (),
     ) -> None:
-        if not 1 <= write_attempts <= 100:
-            raise InvalidInput(f"write_attempts must be in [1, 100], got {write_attempts}")
+        if write_attempts is not None and not 1 <= write_attempts <= 10_000:
+            raise InvalidInput(f"write_attempts must be in [1, 10000], got {write_attempts}")
+        if not 0.0 <= retry_s <= 3600.0:
+            raise InvalidInput(f"retry_s must be in [0, 3600] seconds, got {retry_s}")
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
+            # Re-dial a lost server promptly (gRPC's default backs off to 120 s).
+            ("grpc.initial_reconnect_backoff_ms", _RECONNECT_MIN_MS),
+            ("grpc.min_reconnect_backoff_ms", _RECONNECT_MIN_MS),
+            ("grpc.max_reconnect_backoff_ms", _RECONNECT_MAX_MS),
         ]
         if retry:
             options += [("grpc.enable_retries", 1), ("grpc.service_config", _RETRY_CONFIG)]
@@ -147,7 +172,8 @@ class MemgateClient:
         channel = grpc.intercept_channel(self._channel, *interceptors) if interceptors else None
         self._stub = pb_grpc.MemgateStub(channel or self._channel)
         self._health_channel = channel or self._channel
-        self._write_attempts = write_attempts if retry else 1
+        self._retry_s = retry_s if retry else 0.0
+        self._max_attempts = write_attempts if retry else 1
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -164,39 +190,51 @@ class MemgateClient:
         self.close()
 
     def _call(
-        self, method: Any, request: Any, timeout: float | None, attempts: int = 1
+        self, method: Any, request: Any, timeout: float | None, idempotent: bool = False
     ) -> tuple[Any, str]:
-        """One call; with ``attempts`` > 1, UNAVAILABLE is retried (jittered exponential
-        backoff) while attempts and the call's deadline last."""
+        """One call; when ``idempotent``, UNAVAILABLE is retried (see the class) until
+        ``retry_s`` after the first attempt, within the call's deadline."""
         limit = self._timeout(timeout)
-        deadline = None if limit is None else time.monotonic() + limit
+        start = time.monotonic()
+        deadline = None if limit is None else start + limit
+        retry_until = start + (self._retry_s if idempotent else 0.0)
+        if deadline is not None:
+            retry_until = min(retry_until, deadline)
         backoff = _BACKOFF_S
-        for attempt in range(1, attempts + 1):
-            remaining = None if deadline is None else deadline - time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            now = time.monotonic()
+            # A retry waits for the channel (wait_for_ready) at most until the retry window
+            # closes; the first attempt fails fast, as gRPC calls do.
+            end = deadline if attempt == 1 else retry_until
+            remaining = None if end is None else end - now
             try:
                 if remaining is not None and remaining <= 0:
                     raise _tagged(
-                        DeadlineExceeded(
-                            "the deadline passed between retries of an idempotent write"
-                        ),
+                        DeadlineExceeded("the deadline passed between retries"),
                         "DEADLINE_EXCEEDED",
                         "",
                     )
                 response, call = method.with_call(
-                    request, timeout=remaining, metadata=self._metadata
+                    request,
+                    timeout=remaining,
+                    metadata=self._metadata,
+                    wait_for_ready=True if attempt > 1 else None,
                 )
             except grpc.RpcError as err:
                 exc = _translate(err)
-                if exc.code != "UNAVAILABLE" or attempt == attempts:  # type: ignore[attr-defined]
+                if exc.code != "UNAVAILABLE" or (  # type: ignore[attr-defined]
+                    self._max_attempts is not None and attempt >= self._max_attempts
+                ):
                     raise exc from None
                 pause = random.uniform(0, backoff)
-                if deadline is not None and time.monotonic() + pause >= deadline:
+                if time.monotonic() + pause >= retry_until:
                     raise exc from None
                 time.sleep(pause)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
-            return response, _request_id(call.trailing_metadata())
-        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+            return response, _call_id(call)
 
     def _timeout(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout
@@ -213,7 +251,7 @@ class MemgateClient:
         policy: str,
         overrides: Mapping[str, Any] | None,
         timeout: float | None,
-        retry_unavailable: bool = False,
+        idempotent: bool = False,
     ) -> Triaged:
         facts = list(facts)
         request = request_type(
@@ -221,10 +259,7 @@ class MemgateClient:
             policy=convert.policy_to_pb(policy),
             overrides=convert.overrides_to_pb(overrides),
         )
-        attempts = 1
-        if retry_unavailable and all(f.idempotency_key for f in facts):
-            attempts = self._write_attempts
-        response, rid = self._call(method, request, timeout, attempts)
+        response, rid = self._call(method, request, timeout, idempotent)
         decisions = [convert.decision_from_pb(d, facts[d.index]) for d in response.decisions]
         return Triaged(decisions, convert.timings_from_pb(response.timings), rid)
 
@@ -238,7 +273,9 @@ class MemgateClient:
         timeout: float | None = None,
     ) -> Triaged:
         """Decide ``facts`` without storing anything (dry run)."""
-        return self._decide(self._stub.Triage, pb.TriageRequest, facts, policy, overrides, timeout)
+        return self._decide(
+            self._stub.Triage, pb.TriageRequest, facts, policy, overrides, timeout, True
+        )
 
     def write(
         self,
@@ -251,20 +288,22 @@ class MemgateClient:
         """Decide and commit ``facts`` in one transaction; decisions carry the stored ids.
 
         Retried on UNAVAILABLE when every fact carries an idempotency key (see the class)."""
+        facts = list(facts)
+        keyed = all(f.idempotency_key for f in facts)
         return self._decide(
-            self._stub.Write, pb.WriteRequest, facts, policy, overrides, timeout, True
+            self._stub.Write, pb.WriteRequest, facts, policy, overrides, timeout, keyed
         )
 
     def recall(
         self, namespace: str, query: str, k: int = 10, *, timeout: float | None = None
     ) -> list[tuple[Memory, float]]:
         request = pb.RecallRequest(namespace=namespace, query=query.encode("utf-8"), k=k)
-        response, _ = self._call(self._stub.Recall, request, timeout)
+        response, _ = self._call(self._stub.Recall, request, timeout, True)
         return [(convert.memory_from_pb(h.memory), float(h.similarity)) for h in response.hits]
 
     def get(self, namespace: str, memory_id: str, *, timeout: float | None = None) -> Memory:
         ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
-        response, _ = self._call(self._stub.Get, ref, timeout)
+        response, _ = self._call(self._stub.Get, ref, timeout, True)
         return convert.memory_from_pb(response.memory)
 
     def forget(self, namespace: str, memory_id: str, *, timeout: float | None = None) -> str:
@@ -285,14 +324,14 @@ class MemgateClient:
     ) -> list[Memory]:
         """The supersedes chain holding ``memory_id``, oldest first."""
         ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
-        response, _ = self._call(self._stub.History, ref, timeout)
+        response, _ = self._call(self._stub.History, ref, timeout, True)
         return [convert.memory_from_pb(m) for m in response.chain]
 
     def list_review(
         self, namespace: str, limit: int = 100, *, timeout: float | None = None
     ) -> list[ReviewItem]:
         request = pb.ListReviewRequest(namespace=namespace, limit=limit)
-        response, _ = self._call(self._stub.ListReview, request, timeout)
+        response, _ = self._call(self._stub.ListReview, request, timeout, True)
         return [convert.review_from_pb(r) for r in response.items]
 
     def resolve_review(
@@ -306,6 +345,22 @@ class MemgateClient:
         )
         response, _ = self._call(self._stub.ResolveReview, request, timeout)
         return Resolved(response.status, response.memory_id or None)
+
+    def events(
+        self,
+        namespace: str,
+        after_seq: int = 0,
+        limit: int = 100,
+        *,
+        timeout: float | None = None,
+    ) -> list[Event]:
+        """One page of the namespace's audit log: events with ``seq > after_seq``, oldest
+        first, at most ``limit`` (1-1000). Page on with ``after_seq=events[-1].seq``. Each
+        event keeps its rule, scores, target and time (``Event.scores``); ``type`` is the
+        store's word (``review_queued`` / ``review_resolved`` for the API's review / resolve)."""
+        request = pb.ListEventsRequest(namespace=namespace, after_seq=after_seq, limit=limit)
+        response, _ = self._call(self._stub.ListEvents, request, timeout, True)
+        return [convert.event_from_pb(e) for e in response.events]
 
     def backfill(
         self,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-CACHE = Path(os.environ.get("MEMGATE_HOME", Path.home() / ".cache" / "memgate"))
+from engine.cli.common import default_cache_dir
+
+CACHE = default_cache_dir()  # the one default: $MEMGATE_HOME, else ~/.cache/memgate
 
 
 @pytest.fixture(scope="session")

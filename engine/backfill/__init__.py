@@ -4,7 +4,7 @@ exactly once, resumable after Ctrl-C or ``kill -9``.
 Modules: :mod:`~engine.backfill.readers` (files -> records), :mod:`~engine.backfill.rows`
 (records -> validated facts with idempotency keys), :mod:`~engine.backfill.job` (batches, the
 deciders, audit and checkpoint), :mod:`~engine.backfill.checkpoint`,
-:mod:`~engine.backfill.audit`, :mod:`~engine.backfill.cli`.
+:mod:`~engine.backfill.audit`, :mod:`engine.cli.backfill` (the command).
 """
 
 from engine.backfill.job import (

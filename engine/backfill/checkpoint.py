@@ -29,7 +29,6 @@ even on ``kill -9``).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from engine.errors import Conflict, InvalidInput
+from engine.fsutil import write_atomic
 
 __all__ = ["VERSION", "Checkpoint", "CheckpointWriter", "JobLock", "atomic_write", "load"]
 
@@ -94,31 +94,10 @@ def load(path: Path) -> Checkpoint | None:
 
 
 def atomic_write(path: Path, text: str, *, durable: bool = True) -> None:
-    """tmp -> fsync -> rename -> fsync(dir): the file is the old or the new one, never torn.
-    ``durable=False`` skips both fsyncs: still atomic for a killed process, not for a power
-    cut (which may then find the previous checkpoint)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        if durable:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
+    """tmp -> fsync -> rename -> fsync(dir) (:func:`engine.fsutil.write_atomic`): the file is the
+    old or the new one, never torn. ``durable=False`` skips both fsyncs: still atomic for a
+    killed process, not for a power cut (which may then find the previous checkpoint)."""
+    write_atomic(path, text, durable=durable, mode=0o644)
 
 
 class CheckpointWriter:

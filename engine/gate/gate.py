@@ -28,6 +28,7 @@ from engine.gate import overlap
 from engine.gate.policy import Evidence, Policy, decide, policy_by_name
 from engine.store import Write, WriteResult, new_memory_id
 from engine.types import KINDS, Candidate, Decision, Fact, Memory
+from engine.validation import is_namespace
 
 __all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
 
@@ -43,9 +44,6 @@ class NLILike(Protocol):
     entailment_index: int | None
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
-
-
-_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -85,7 +83,7 @@ class _Ref:
 
 
 def validate_fact(fact: Fact, settings: GateSettings) -> None:
-    if not isinstance(fact.namespace, str) or not _NAMESPACE.match(fact.namespace):
+    if not is_namespace(fact.namespace):  # the one rule of every entry point
         raise InvalidInput(
             "namespace must be 1-128 characters of letters, digits and _ . : / @ -, "
             "starting with a letter or digit"

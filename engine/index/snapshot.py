@@ -30,13 +30,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from engine import fsutil
+from engine.fsutil import fsync_dir
 
 __all__ = [
     "FORMAT_VERSION",
@@ -47,6 +49,7 @@ __all__ = [
     "clean_temporary",
     "decode",
     "encode",
+    "fsync_dir",
     "namespace_digest",
     "quarantine",
     "read_snapshot",
@@ -229,40 +232,9 @@ def read_snapshot(path: Path) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new, never a mix:
-    unique temporary file, fsync, rename over ``path``, fsync the directory."""
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(directory)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename or unlink in ``directory`` durable (no-op where directories can't be
-    opened, e.g. Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """:func:`engine.fsutil.write_atomic` with this directory's temporary suffix (which
+    :func:`clean_temporary` sweeps after a crash)."""
+    fsutil.write_atomic(path, data, tmp_suffix=TMP_SUFFIX)
 
 
 def quarantine(path: Path) -> Path | None:

@@ -7,32 +7,24 @@
     memgate models list   [--cache-dir DIR]
     memgate models verify [--cache-dir DIR]      exit 1 when any artefact fails its hashes
 
-This module is the only one in the pipeline that reads the environment (``MEMGATE_HOME``). It
-imports nothing heavy at import time: the runtime imports :func:`artefact_dir` and
-:func:`default_cache_dir` from here.
+The cache default (``$MEMGATE_HOME``, else ``~/.cache/memgate``) is the one of every command:
+:func:`engine.cli.common.default_cache_dir`. This module imports nothing heavy at import time.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.cli.common import HOME_ENV as _ENV_HOME
+from engine.cli.common import default_cache_dir
 from engine.errors import MemgateError, ModelError
 from engine.pipeline.layout import artefact_dir, iter_artefacts
 
 __all__ = ["artefact_dir", "default_cache_dir", "main", "register"]
-
-_ENV_HOME = "MEMGATE_HOME"
-
-
-def default_cache_dir() -> Path:
-    """``$MEMGATE_HOME`` when set, else ``~/.cache/memgate``."""
-    home = os.environ.get(_ENV_HOME)
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "memgate"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:

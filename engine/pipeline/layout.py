@@ -24,6 +24,7 @@ from pathlib import Path
 from engine.errors import InvalidInput, ModelError
 
 __all__ = [
+    "DEFAULT_CACHE_DIR",
     "MODELS_DIR",
     "artefact_dir",
     "build_lock",
@@ -33,6 +34,9 @@ __all__ = [
     "model_dir",
     "staging",
 ]
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "memgate"
+"""The model cache when nothing else is said (``memgate`` adds ``$MEMGATE_HOME`` on top)."""
 
 MODELS_DIR = "models"
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

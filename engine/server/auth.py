@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.errors import InvalidInput, PermissionDenied, Unauthenticated
+from engine.validation import check_namespace
 
 __all__ = ["Auth", "Principal", "parse_tokens"]
 
@@ -33,6 +34,9 @@ class Principal:
     """A short, non-secret label for logs (the digest's first 8 hex characters)."""
 
     def authorize(self, namespace: str) -> None:
+        """Refuse a malformed namespace (INVALID_ARGUMENT, whatever the token), then one outside
+        the token's prefixes."""
+        check_namespace(namespace)
         if self.prefixes is None:
             return
         if not any(namespace.startswith(p) for p in self.prefixes):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine.errors import InvalidInput
 from engine.server.proto import pb
-from engine.types import Candidate, Decision, Fact, Memory, ReviewItem
+from engine.types import Candidate, Decision, Event, Fact, Memory, ReviewItem
+from engine.validation import check_namespace
 
 __all__ = [
     "UNDECODABLE",
@@ -23,6 +24,9 @@ __all__ = [
     "check_decoded",
     "decision_from_pb",
     "decision_to_pb",
+    "event_from_pb",
+    "events_request_from_pb",
+    "events_to_pb",
     "fact_from_pb",
     "fact_to_pb",
     "guard_deserializer",
@@ -173,6 +177,10 @@ def text_from_bytes(raw: bytes, what: str, limits: Limits) -> str:
 
 def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
     what = f"fact {index}"
+    try:
+        check_namespace(msg.namespace)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{what}: {exc}") from None
     text = text_from_bytes(msg.text, f"{what}: text", limits)
     kind = PB_TO_KIND.get(msg.kind)
     if kind is None:
@@ -293,6 +301,22 @@ def resolution_from_pb(value: int) -> str:
 
 def resolution_to_pb(name: str) -> Any:
     return _lookup(RESOLUTION_TO_PB, name, "resolution must be accept, keep_both or reject")
+
+
+MAX_EVENTS = 1000
+"""Most events one ListEvents page returns."""
+_MAX_SEQ = (1 << 63) - 1
+
+
+def events_request_from_pb(msg: Any) -> tuple[str, int, int]:
+    """(namespace, after_seq, limit) of a ListEvents request, each checked."""
+    namespace = check_namespace(msg.namespace)
+    if msg.after_seq > _MAX_SEQ:
+        raise InvalidInput(f"after_seq must be at most {_MAX_SEQ}")
+    limit = msg.limit or 100
+    if not 1 <= limit <= MAX_EVENTS:
+        raise InvalidInput(f"limit must be in [1, {MAX_EVENTS}]")
+    return namespace, int(msg.after_seq), int(limit)
 
 
 # -- responses -----------------------------------------------------------------------------
@@ -447,3 +471,62 @@ def timings_from_pb(msg: Any) -> dict[str, float]:
     out = {k: float(getattr(msg, k)) for k in TIMING_PHASES}
     out["batch_facts"] = float(msg.batch_facts)
     return out
+
+
+# The store's event names, and the API's (the words the issue and the docs use).
+EVENT_TYPE_TO_PB: dict[str, str] = {
+    "add": "add",
+    "replace": "replace",
+    "skip": "skip",
+    "review_queued": "review",
+    "review_resolved": "resolve",
+    "forget": "forget",
+    "undo": "undo",
+}
+PB_TO_EVENT_TYPE: dict[str, str] = {v: k for k, v in EVENT_TYPE_TO_PB.items()}
+
+
+def event_to_pb(e: Event) -> Any:
+    scores = e.scores or {}
+    kw: dict[str, Any] = {}
+    for name in ("similarity", "contradiction"):
+        value = scores.get(name)
+        if isinstance(value, int | float) and math.isfinite(value):
+            kw[name] = float(value)
+    return pb.Event(
+        seq=e.seq,
+        namespace=e.namespace,
+        type=EVENT_TYPE_TO_PB.get(e.type, e.type),
+        memory_id=e.memory_id or "",
+        target_id=e.target_id or "",
+        policy=e.policy or "",
+        rule=str(scores.get("rule") or ""),
+        review_id=str(scores.get("review_id") or ""),
+        resolution=str(scores.get("resolution") or ""),
+        scores_json=_json(scores),
+        created_at=e.created_at,
+        **kw,
+    )
+
+
+def events_to_pb(events: Sequence[Event], after_seq: int, timings: Any) -> Any:
+    return pb.ListEventsResponse(
+        events=[event_to_pb(e) for e in events],
+        next_after_seq=events[-1].seq if events else after_seq,
+        timings=timings,
+    )
+
+
+def event_from_pb(msg: Any) -> Event:
+    """The event as the store holds it (``type`` in the store's words: ``review_queued``,
+    ``review_resolved`` for the API's ``review``, ``resolve``)."""
+    return Event(
+        seq=int(msg.seq),
+        namespace=msg.namespace,
+        type=PB_TO_EVENT_TYPE.get(msg.type, msg.type),
+        memory_id=msg.memory_id or None,
+        target_id=msg.target_id or None,
+        policy=msg.policy or None,
+        scores=_from_json(msg.scores_json),
+        created_at=msg.created_at,
+    )

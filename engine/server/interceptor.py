@@ -3,7 +3,9 @@
 For each call to ``memgate.v1.Memgate`` (health and reflection pass untouched) it
 
 1. gives the call a request id (the client's ``x-request-id`` when it is sane, else a fresh one)
-   and returns it in the trailing metadata; while the server drains, refuses it (UNAVAILABLE);
+   and sends it back at once in the initial metadata (so a client has it before the first
+   response, and a stream cut halfway still told it), and again in the trailing metadata;
+   while the server drains, refuses the call (UNAVAILABLE);
 2. authenticates the token (``engine.server.auth``) and puts a :class:`Call` in a context
    variable, where handlers find the principal to authorise namespaces against;
 3. maps every exception to a status through the one table (``engine.server.status``):
@@ -170,6 +172,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         call = self._begin(rpc, context)
         try:
             _CURRENT.set(call)
+            await context.send_initial_metadata((("x-request-id", call.request_id),))
             if self._draining:
                 raise Unavailable("the server is draining; retry on another replica")
             call.principal = self._auth.authenticate(context.invocation_metadata() or ())

@@ -3,17 +3,34 @@
 ``memgate_requests_total{rpc,code}`` and ``memgate_request_seconds{rpc,code}`` per call,
 ``memgate_batch_facts`` / ``memgate_batch_requests`` per model batch, ``memgate_queue_facts``
 (facts waiting for the model), ``memgate_permits_in_use`` and ``memgate_admission_limit``
-(admission), and
-``memgate_decisions_total{action}``. Exposed over HTTP by :meth:`Metrics.serve` on
-``--metrics-port`` (0: off).
+(admission), ``memgate_decisions_total{action,dry_run}`` (Triage and dry-run Backfill count
+with ``dry_run="true"``, so stored decisions are told apart from previews), and
+``memgate_build_info{version,embedder,embedder_manifest,nli,nli_manifest}`` (always 1; the
+manifest labels are the first 16 hex digits of each model's sealed ``manifest_sha256``).
+The registry also carries the standard ``process_*`` (resident memory, CPU seconds, open file
+descriptors, start time) and ``python_info`` collectors, which a private registry does not get
+by itself. Exposed over HTTP by :meth:`Metrics.serve` on ``--metrics-port`` (0: off).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+
+import engine
+from engine.runtime.manifest import DIGEST_KEY, MANIFEST_NAME
 
 __all__ = ["Metrics"]
 
@@ -72,8 +89,19 @@ class Metrics:
             registry=r,
         )
         self.decisions = Counter(
-            "memgate_decisions", "Gate decisions by action.", ["action"], registry=r
+            "memgate_decisions",
+            "Gate decisions by action; dry_run=true for Triage and dry-run Backfill.",
+            ["action", "dry_run"],
+            registry=r,
         )
+        self.build_info = Gauge(
+            "memgate_build_info",
+            "Always 1: the memgate version and the sealed manifests of the models served.",
+            ["version", "embedder", "embedder_manifest", "nli", "nli_manifest"],
+            registry=r,
+        )
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self._http: Any = None
 
     def watch(
@@ -95,9 +123,21 @@ class Metrics:
         self.batch_facts.observe(facts)
         self.batch_requests.observe(requests)
 
-    def count_decisions(self, actions: list[str]) -> None:
+    def count_decisions(self, actions: list[str], *, dry_run: bool = False) -> None:
+        flag = "true" if dry_run else "false"
         for action in actions:
-            self.decisions.labels(action).inc()
+            self.decisions.labels(action, flag).inc()
+
+    def describe(self, gate: Any) -> None:
+        """Set ``memgate_build_info`` from the gate's models (their manifests, when they have
+        them: a test double without models reports ``none``)."""
+        labels = {"version": engine.__version__}
+        for role in ("embedder", "nli"):
+            name, digest = _model_labels(getattr(getattr(gate, role, None), "manifest", None))
+            labels[role] = name
+            labels[f"{role}_manifest"] = digest
+        self.build_info.clear()
+        self.build_info.labels(**labels).set(1)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Expose the registry over HTTP; returns the bound port."""
@@ -110,3 +150,16 @@ class Metrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+def _model_labels(manifest: Any) -> tuple[str, str]:
+    """(``name/variant``, first 16 hex digits of the manifest's seal) of one model."""
+    if manifest is None:
+        return "none", "none"
+    name = f"{manifest.name}/{manifest.variant}"
+    try:
+        raw = json.loads((Path(manifest.directory) / MANIFEST_NAME).read_text("utf-8"))
+        seal = str(raw[DIGEST_KEY])[:16]
+    except (OSError, ValueError, KeyError, TypeError):
+        seal = "unknown"  # loaded with verify=False from a hand-made directory
+    return name, seal

@@ -193,14 +193,10 @@ class MemgateServer:
         pb_grpc.add_MemgateServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if s.reflection:
-            from grpc_reflection.v1alpha import reflection
+            from engine.server.reflection import enable_reflection
 
-            names = (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            )
-            reflection.enable_server_reflection(names, server)
+            health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+            enable_reflection(server, (SERVICE_NAME, health_name))
         address = f"{s.host}:{s.port}"
         if s.tls_cert is not None and s.tls_key is not None:
             creds = grpc.ssl_server_credentials([(s.tls_key, s.tls_cert)])
@@ -214,6 +210,7 @@ class MemgateServer:
             lambda: self.permits.in_use,
             lambda: self.permits.current_limit,
         )
+        self.metrics.describe(self.gate)
         if s.metrics_port:
             self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
         await server.start()

@@ -40,6 +40,7 @@ from engine.server.metrics import Metrics
 from engine.server.proto import pb, pb_grpc
 from engine.server.queue import estimate_tokens
 from engine.types import Decision, Fact
+from engine.validation import check_namespace
 
 __all__ = ["MemgateService", "ModelWork", "run_model_batch"]
 
@@ -118,8 +119,7 @@ def _one(gate: Any, group: TriageGroup, overrides: dict[str, Any] | None, work: 
 
 
 def _check_namespace(namespace: str) -> None:
-    if not namespace or len(namespace) > 128:
-        raise InvalidInput("namespace must be 1-128 characters")
+    check_namespace(namespace)  # the one rule of every RPC (engine.validation)
 
 
 def _check_ref(namespace: str, ident: str, what: str) -> None:
@@ -218,7 +218,9 @@ class MemgateService(pb_grpc.MemgateServicer):
             ModelWork(facts=tuple(facts)), [f.text for f in facts], group, deadline
         )
         if self._metrics is not None:
-            self._metrics.count_decisions([d.action for d in served.result[0]])
+            self._metrics.count_decisions(
+                [d.action for d in served.result[0]], dry_run=not group.apply
+            )
         return served, tokenize
 
     @staticmethod
@@ -429,6 +431,14 @@ class MemgateService(pb_grpc.MemgateServicer):
             memory_id=res.memory_id or "",
             timings=_store_timings(secs, started),
         )
+
+    async def ListEvents(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """The audit log of one namespace, paged by ``seq`` (a store read, like ListReview)."""
+        started = time.perf_counter()
+        ns, after, limit = convert.events_request_from_pb(request)
+        current_call().authorize(ns)
+        events, secs = await self._io_call(self._gate.store.events, ns, after, limit)
+        return convert.events_to_pb(events, after, _store_timings(secs, started))
 
 
 def _store_timings(store_s: float, started: float) -> Any:

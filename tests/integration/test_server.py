@@ -223,6 +223,68 @@ def test_review_queue_over_grpc(h: Harness) -> None:
         c.resolve_review("demo/other", queued.review_id, "accept")
 
 
+def test_list_events_is_the_audit_log(h: Harness) -> None:
+    """Every decision and every change (add, replace, skip, review, resolve, undo, forget) is
+    an event with its rule, scores, target and time, in commit order, paged by seq."""
+    gate = h.gate()
+    st = h.serve(gate)
+    c, stub = h.client(st), h.stub(st)
+    ns = "audit/a"
+    denver = c.write([Fact(ns, DENVER)]).decisions[0]
+    chicago = c.write([Fact(ns, CHICAGO)]).decisions[0]
+    assert chicago.action == "replace"
+    skip = c.write([Fact(ns, CHICAGO)]).decisions[0]
+    assert skip.action == "skip"
+    queued = c.write([Fact(ns, DENVER)], "review", {"review_scope": "all"}).decisions[0]
+    assert queued.action == "review" and queued.review_id
+    resolved = c.resolve_review(ns, queued.review_id, "reject")
+    assert resolved.status == "rejected"
+    assert chicago.memory_id is not None and denver.memory_id is not None
+    c.undo(ns, chicago.memory_id)
+    c.forget(ns, denver.memory_id)
+
+    events = c.events(ns)
+    assert [e.type for e in events] == [
+        "add",
+        "replace",
+        "skip",
+        "review_queued",
+        "review_resolved",
+        "undo",
+        "forget",
+    ]
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    add, replace, skipped, review, resolve, undo, forget = events
+    for e, d in ((add, denver), (replace, chicago), (skipped, skip), (review, queued)):
+        assert e.scores["rule"] == d.rule and e.policy == d.policy
+        assert e.scores["similarity"] is None or 0 <= e.scores["similarity"] <= 1.0001
+    assert (replace.memory_id, replace.target_id) == (chicago.memory_id, denver.memory_id)
+    assert replace.scores["contradiction"] is not None
+    assert skipped.target_id == chicago.memory_id
+    assert review.scores["review_id"] == queued.review_id
+    assert resolve.scores == {"review_id": queued.review_id, "resolution": "reject"}
+    assert (undo.memory_id, undo.target_id) == (chicago.memory_id, denver.memory_id)
+    assert forget.memory_id == denver.memory_id
+    assert all(e.created_at > 1.7e9 and e.namespace == ns for e in events)
+    assert [e.seq for e in events] == [e.seq for e in gate.store.events(ns)]  # the store's log
+    # The forgotten memory's normalised text is erased from its events, over the API too.
+    assert "hypothesis" not in add.scores or not add.scores["hypothesis"]
+
+    # Paging: after_seq and limit walk the same log.
+    first, second = c.events(ns, 0, 3), c.events(ns, events[2].seq, 100)
+    assert [e.seq for e in first + second] == [e.seq for e in events]
+    assert c.events(ns, events[-1].seq) == []
+    assert c.events("audit/other") == []
+    raw = stub.ListEvents(pb.ListEventsRequest(namespace=ns), timeout=30)
+    assert [e.type for e in raw.events][3:5] == ["review", "resolve"]  # the API's words
+    assert raw.events[1].rule == chicago.rule and raw.events[1].HasField("similarity")
+    assert raw.next_after_seq == events[-1].seq
+    for bad in ({"limit": 1001}, {"namespace": "audit a"}, {"after_seq": 1 << 63}):
+        request = pb.ListEventsRequest(**{"namespace": ns, **bad})  # type: ignore[arg-type]
+        code, _ = code_of(lambda r=request: stub.ListEvents(r, timeout=30))
+        assert code == "INVALID_ARGUMENT", bad
+
+
 def test_forget_and_undo_of_an_add(h: Harness) -> None:
     c = h.client(h.serve())
     ns = "demo/forget"
@@ -610,7 +672,7 @@ def test_metrics_and_access_log(h: Harness, caplog: pytest.LogCaptureFixture) ->
     sample = metrics.registry.get_sample_value
     assert sample("memgate_requests_total", {"rpc": "Write", "code": "OK"}) == 1
     assert sample("memgate_request_seconds_count", {"rpc": "Get", "code": "NOT_FOUND"}) == 1
-    assert sample("memgate_decisions_total", {"action": "add"}) == 1
+    assert sample("memgate_decisions_total", {"action": "add", "dry_run": "false"}) == 1
     assert sample("memgate_queue_facts") == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
         body = resp.read().decode()
@@ -684,6 +746,7 @@ def test_cli_client_subcommands(
     assert [m["id"] for m in run("history", "cli/a", mid)] == [mid]
     assert run("recall", "cli/a", "office", "-k", "1")[0]["id"] == mid
     assert run("review", "list", "cli/a") == []
+    assert [e["type"] for e in run("events", "cli/a", "--all")] == ["add"]
     assert run("health") == [{"status": "SERVING"}]
     assert run("forget", "cli/a", mid) == [{"forgotten": mid}]
     assert cli_main(["client", "undo", "cli/a", mid, "--target", st.target]) == 2
@@ -702,7 +765,6 @@ def test_public_names_resolve() -> None:
         "admission",
         "auth",
         "batcher",
-        "cli",
         "codegen",
         "convert",
         "interceptor",
@@ -710,6 +772,7 @@ def test_public_names_resolve() -> None:
         "metrics",
         "proto",
         "queue",
+        "reflection",
         "server",
         "service",
         "status",

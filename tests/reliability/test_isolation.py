@@ -52,6 +52,7 @@ RPCS = (
     "History",
     "ListReview",
     "ResolveReview",
+    "ListEvents",
     "Backfill",
 )
 REF_RPCS = ("Get", "Forget", "Undo", "History")
@@ -180,6 +181,9 @@ def snapshot(t: Tenants, world: World) -> dict[str, bytes]:
         ).chain
     for ns in A_SPACES:
         out[f"review {ns}"] = t.ok("ListReview", pb.ListReviewRequest(namespace=ns), A_TOKEN).items
+        out[f"events {ns}"] = t.ok(
+            "ListEvents", pb.ListEventsRequest(namespace=ns, limit=1000), A_TOKEN
+        ).events
     return {
         k: b"".join(m.SerializeToString() for m in (v if not hasattr(v, "id") else [v]))
         for k, v in out.items()
@@ -246,6 +250,8 @@ def _namespaces(msg: Any) -> list[str]:
         out.append(item.namespace)
     for m in getattr(msg, "chain", ()):
         out.append(m.namespace)
+    for e in getattr(msg, "events", ()):
+        out.append(e.namespace)
     for name in ("memory", "restored", "undone"):
         if hasattr(msg, name) and msg.HasField(name):
             out.append(getattr(msg, name).namespace)
@@ -324,6 +330,11 @@ def build_matrix(t: Tenants, world: World, gate: Any) -> list[Cell]:
                 elif rpc == "ListReview":
                     req = pb.ListReviewRequest(namespace=ns)
                     add(rpc, "foreign_token", ns, frozenset({expect}), req, token=token)
+                elif rpc == "ListEvents":
+                    for after in (0, 1):
+                        req = pb.ListEventsRequest(namespace=ns, after_seq=after, limit=1000)
+                        label = f"{ns} after={after}"
+                        add(rpc, "foreign_token", label, frozenset({expect}), req, token=token)
                 else:
                     f = fact(ns, "The vault code is 4321.")
                     variants = (
@@ -353,6 +364,13 @@ def build_matrix(t: Tenants, world: World, gate: Any) -> list[Cell]:
             elif rpc == "ListReview":
                 req = pb.ListReviewRequest(namespace=ns, limit=1000)
                 add(rpc, "foreign_ids", ns, frozenset({"OK"}), req, check=b_only)
+            elif rpc == "ListEvents":
+                # The log's seq is global: paging from 0 (or from past A's events) in B's
+                # namespace never yields A's events.
+                for after in (0, 1, 3):
+                    req = pb.ListEventsRequest(namespace=ns, after_seq=after, limit=1000)
+                    label = f"{ns} after={after}"
+                    add(rpc, "foreign_ids", label, frozenset({"OK"}), req, check=b_only)
             elif rpc == "Recall":
                 for q in (*a_mem_ids[:2], SHARED_IDEMPOTENCY_KEY):
                     req = pb.RecallRequest(namespace=ns, query=q.encode(), k=1000)
@@ -411,6 +429,14 @@ def build_matrix(t: Tenants, world: World, gate: Any) -> list[Cell]:
             pb.ListReviewRequest(namespace=ns, limit=1000),
             check=b_only,
         )
+        add(
+            "ListEvents",
+            "canary",
+            f"{ns} after B's aimed writes",
+            frozenset({"OK"}),
+            pb.ListEventsRequest(namespace=ns, limit=1000),
+            check=_events_of(ns, b_only),
+        )
         for rpc in ("Get", "History", "Forget", "Undo", "ResolveReview"):
             cells.append(
                 Cell(
@@ -424,6 +450,22 @@ def build_matrix(t: Tenants, world: World, gate: Any) -> list[Cell]:
             )
     assert {c.rpc for c in cells} == set(RPCS)
     return cells
+
+
+def _events_of(ns: str, b_only: Callable[[Answer], str | None]) -> Callable[[Answer], str | None]:
+    """B's audit log holds B's events only, and B's aimed writes are in it (a log that answers
+    nothing would pass the isolation check without showing anything)."""
+
+    def check(answer: Answer) -> str | None:
+        problem = b_only(answer)
+        if problem is not None:
+            return problem
+        events = [e for msg in answer.responses for e in msg.events]
+        if not any(e.type in ("add", "replace", "skip") for e in events):
+            return "no decision events in B's own log"
+        return None
+
+    return check
 
 
 def _all_or_nothing(

@@ -474,7 +474,8 @@ def test_a_new_audit_path_on_resume_starts_a_new_file_and_says_it_lacks_rows(
 def test_public_names_resolve() -> None:
     import importlib
 
-    for name in ("", ".readers", ".rows", ".checkpoint", ".audit", ".job", ".cli"):
-        module = importlib.import_module("engine.backfill" + name)
+    names = ["engine.backfill" + n for n in ("", ".readers", ".rows", ".checkpoint", ".audit")]
+    for name in [*names, "engine.backfill.job", "engine.cli.backfill", "engine.fsutil"]:
+        module = importlib.import_module(name)
         for public in module.__all__:
-            assert hasattr(module, public), f"engine.backfill{name}.{public}"
+            assert hasattr(module, public), f"{name}.{public}"

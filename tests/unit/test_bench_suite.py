@@ -400,7 +400,8 @@ def test_cli_bench_flags_are_the_suites() -> None:
 def test_cli_bench_says_when_it_cannot_find_the_benchmarks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.cli import _benchmarks_dir, main
+    from engine.cli import main
+    from engine.cli.bench import _benchmarks_dir
 
     found, _looked = _benchmarks_dir(None)
     assert found == BENCH

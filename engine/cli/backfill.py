@@ -15,15 +15,14 @@ same command resumes; so does a ``kill -9`` (see :mod:`engine.backfill.checkpoin
 file and the checkpoint default to ``<data dir>/backfill/<input name>.<digest>.*``, the digest
 naming the input's path and the destination.
 
-Like ``engine.cli``, this edge reads the environment (``MEMGATE_TOKEN``) and installs signal
-handlers; nothing below it does.
+This edge installs signal handlers; nothing below it does (the environment is read by
+:mod:`engine.cli.common`).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import signal
 import sys
 import threading
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from engine.cli.common import add_client_flags, add_engine_flags, client_from_args, engine_settings
 from engine.errors import InvalidInput, MemgateError
 
 __all__ = ["register"]
@@ -42,8 +42,6 @@ _INTERRUPTED = 130
 
 def register(subparsers: Any) -> None:
     """Add ``backfill`` to ``memgate``'s subcommands."""
-    from engine.cli import _add_engine_flags
-
     p = subparsers.add_parser(
         "backfill",
         help="load a JSONL / CSV / Parquet file through the gate (resumable)",
@@ -90,15 +88,11 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="progress bar on stderr (auto: when stderr is a terminal)",
     )
-    remote = p.add_argument_group("remote (through memgate serve)")
-    remote.add_argument("--target", help="host:port of memgate serve (default: in process)")
-    remote.add_argument(
-        "--token", default=os.environ.get("MEMGATE_TOKEN"), help="API token ($MEMGATE_TOKEN)"
+    # No deadline: a backfill stream lives as long as the file takes.
+    add_client_flags(
+        p.add_argument_group("remote (through memgate serve)"), timeout=None, target=None
     )
-    remote.add_argument("--tls", action="store_true", help="TLS with the system roots")
-    remote.add_argument("--tls-ca", help="PEM root certificate to trust (implies --tls)")
-    remote.add_argument("--tls-server-name", help="name to check the certificate against")
-    _add_engine_flags(p)
+    add_engine_flags(p)
     p.set_defaults(func=cmd_backfill)
 
 
@@ -142,13 +136,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             )
         try:
             if args.target:
-                with _client(args) as client:
+                with client_from_args(args, timeout=None) as client:
                     result = job.run(StreamDecider(client, args.policy, dry_run=args.dry_run))
             else:
                 from engine.app import open_engine
-                from engine.cli import _engine_settings
 
-                with open_engine(_engine_settings(args)) as eng:
+                with open_engine(engine_settings(args)) as eng:
                     job.settings = _with_limits(settings, eng.gate.settings)
                     decider = GateDecider(eng.gate, args.policy, apply=not args.dry_run)
                     result = job.run(decider)
@@ -222,20 +215,6 @@ def _paths(args: argparse.Namespace, source: Path, destination: str) -> tuple[Pa
         Path(args.checkpoint) if args.checkpoint else base.with_name(base.name + ".checkpoint.json")
     )
     return audit.resolve(), checkpoint.resolve()
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from engine.client import MemgateClient
-
-    tls: bool | bytes = Path(args.tls_ca).read_bytes() if args.tls_ca else bool(args.tls)
-    # No deadline: a backfill stream lives as long as the file takes.
-    return MemgateClient(
-        args.target,
-        token=args.token or None,
-        tls=tls,
-        tls_server_name=args.tls_server_name,
-        timeout=None,
-    )
 
 
 @contextmanager

@@ -1,0 +1,127 @@
+"""``memgate serve``: the gate over gRPC (health, reflection, metrics, auth, TLS).
+
+Reads what the server needs from files (tokens file, TLS material); see the README's "Serving"
+section for every flag, the tokens-file format and a metrics example.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from engine.cli.common import add_engine_flags, engine_settings, usage_error
+
+__all__ = ["register", "settings_from_args"]
+
+PROG = "memgate serve"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve the gate over gRPC (health, metrics, auth, TLS)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: all interfaces)")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument(
+        "--tokens-file", help='JSON {"token": ["namespace prefix", ...]}; absent: auth off'
+    )
+    p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key: TLS only)")
+    p.add_argument("--tls-key", help="PEM private key")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--reflection", action="store_true", help="serve gRPC reflection (v1, v1alpha)")
+    p.add_argument("--grace", type=float, default=10.0, help="drain seconds on SIGTERM")
+    p.add_argument("--max-request-facts", type=int, default=256)
+    p.add_argument(
+        "--max-text-bytes",
+        type=int,
+        default=32768,
+        help="longest fact text or query in UTF-8 bytes, 1-1000000 (the only text limit)",
+    )
+    p.add_argument(
+        "--max-queued-facts",
+        type=int,
+        default=512,
+        help="admission permits: facts queued or in the model",
+    )
+    p.add_argument(
+        "--max-queue-delay-ms",
+        type=float,
+        default=1000.0,
+        help="admit only what the worker finishes in this long at its measured rate (0: off)",
+    )
+    p.add_argument(
+        "--min-admitted-facts",
+        type=int,
+        default=16,
+        help="the delay budget never admits fewer facts in flight than this",
+    )
+    p.add_argument("--max-batch-facts", type=int, default=256)
+    p.add_argument("--max-batch-tokens", type=int, default=16384)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--backfill-window", type=int, default=256)
+    p.add_argument("--io-threads", type=int, default=4)
+    p.add_argument(
+        "--exact-tokens",
+        action="store_true",
+        help="count batch tokens with the tokenizer (default: len/4 estimate)",
+    )
+    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument(
+        "--no-access-log", dest="access_log", action="store_false", help="no per-request log line"
+    )
+    add_engine_flags(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(EngineSettings, ServerSettings, tokens) for ``args``; a bad flag is a usage error."""
+    from engine.gate.gate import GateSettings
+    from engine.server.auth import parse_tokens
+    from engine.server.convert import Limits
+    from engine.server.queue import QueueSettings
+    from engine.server.server import ServerSettings
+
+    if not 1 <= args.max_text_bytes <= 1_000_000:
+        usage_error(PROG, "--max-text-bytes must be in [1, 1000000]")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        usage_error(PROG, "--tls-cert and --tls-key go together")
+    tokens = parse_tokens(Path(args.tokens_file).read_text("utf-8")) if args.tokens_file else None
+    server = ServerSettings(
+        host=args.host,
+        port=args.port,
+        max_request_facts=args.max_request_facts,
+        limits=Limits(max_text_bytes=args.max_text_bytes),
+        max_queued_facts=args.max_queued_facts,
+        min_admitted_facts=args.min_admitted_facts,
+        max_queue_delay_s=args.max_queue_delay_ms / 1000.0 if args.max_queue_delay_ms else None,
+        batching=QueueSettings(
+            max_batch_tokens=args.max_batch_tokens,
+            max_batch_facts=args.max_batch_facts,
+            max_wait_s=args.max_wait_ms / 1000.0,
+        ),
+        backfill_window=args.backfill_window,
+        io_threads=args.io_threads,
+        grace_s=args.grace,
+        reflection=args.reflection,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        tls_cert=Path(args.tls_cert).read_bytes() if args.tls_cert else None,
+        tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
+        exact_tokens=args.exact_tokens,
+    )
+    # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
+    # at most N characters), so --max-text-bytes is the only limit a client can meet.
+    engine = engine_settings(args, gate=GateSettings(max_text_chars=args.max_text_bytes))
+    return engine, server, tokens
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.app import open_engine
+    from engine.server.logs import install_json_logging
+    from engine.server.server import serve
+
+    if args.log_format == "json":
+        install_json_logging("INFO" if args.access_log else "WARNING")
+    engine, server, tokens = settings_from_args(args)
+    with open_engine(engine) as eng:
+        return serve(eng.gate, server, tokens=tokens)

@@ -1,0 +1,42 @@
+"""``memgate triage FILE``: decide a JSON Lines file of facts in process (dry run by default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from engine.cli.common import add_engine_flags, engine_settings, facts_from_arg, print_decision
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
+    p.add_argument("file", help="JSON Lines of facts, or - for stdin")
+    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
+    p.add_argument("--json", action="store_true")
+    add_engine_flags(p)
+    p.set_defaults(func=cmd_triage)
+
+
+def cmd_triage(args: argparse.Namespace) -> int:
+    from engine.app import open_engine
+
+    facts = list(facts_from_arg("memgate triage", args.file))
+    with open_engine(engine_settings(args)) as eng:
+        result = eng.gate.triage(facts, args.policy, apply=args.apply)
+    for d in result.decisions:
+        if args.json:
+            record = {
+                "action": d.action,
+                "target": d.target_id,
+                "rule": d.rule,
+                "memory_id": d.memory_id,
+                "text": d.fact.text,
+            }
+            print(json.dumps(record))
+        else:
+            print_decision(d)
+    return 0
