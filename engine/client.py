@@ -126,11 +126,11 @@ class MemgateClient:
     the channel to be ready (``wait_for_ready``), and the channel re-dials a lost server every
     100 ms-1 s instead of gRPC's default of up to 2 minutes, so a write goes through within
     about a second of the server answering SERVING again. A retry must be answered within that
-    window too (its deadline is the window's end, or the call's when that comes first). A write with a fact lacking a key is
-    never retried on UNAVAILABLE (it may have committed), nor is Forget, Undo or
-    ResolveReview. ``write_attempts``: an optional cap on attempts as well (None: time only).
-    ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped around the channel
-    (tracing, fault injection in tests).
+    window too (its deadline is the window's end, or the call's when that comes first). A write
+    with a fact lacking a key is never retried on UNAVAILABLE (it may have committed), nor is
+    Forget, Undo or ResolveReview. ``write_attempts``: an optional cap on attempts as well
+    (None: time only). ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped
+    around the channel (tracing, fault injection in tests).
     """
 
     def __init__(
