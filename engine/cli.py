@@ -101,10 +101,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_triage(args: argparse.Namespace) -> int:
     from engine.app import open_engine
     from engine.facts import read_facts
+    from engine.policy_file import resolve_policy
 
+    _, policy = resolve_policy(args.policy, args.policy_file)
     facts = list(read_facts(args.file))
     with open_engine(_engine_settings(args)) as eng:
-        result = eng.gate.triage(facts, args.policy, apply=args.apply)
+        result = eng.gate.triage(facts, policy, apply=args.apply)
     for d in result.decisions:
         if args.json:
             print(
@@ -124,43 +126,24 @@ def cmd_triage(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from engine.app import open_engine
-    from engine.evaluate import load_cases, predict
+    from engine.evaluate import command
 
-    cases = load_cases(Path(args.cases))
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        open_engine(_engine_settings(args), db_path=Path(tmp) / "eval.db") as eng,
-    ):
-        overrides = json.loads(args.overrides) if args.overrides else None
-        from engine.gate.policy import policy_by_name
+    return command(args, _engine_settings(args))
 
-        policy = policy_by_name(args.policy).with_overrides(overrides)
-        rows = predict(eng.gate, cases, policy)
-    lines = []
-    for pred, d in rows:
-        rec = dict(pred)
-        if args.explain:
-            rec["rule"] = d.rule
-            rec["candidates"] = [
-                (
-                    c.text[:60],
-                    round(c.similarity, 3),
-                    None if c.contradiction is None else round(c.contradiction, 3),
-                    c.reason,
-                )
-                for c in d.candidates[:4]
-            ]
-        lines.append(json.dumps(rec))
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    else:
-        print(*lines, sep="\n")
-    print(
-        f"wrote {len(rows)} predictions ({args.policy})" + (f" to {args.out}" if args.out else ""),
-        file=sys.stderr,
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from engine.calibrate import command
+
+    return command(args, _engine_settings(args))
+
+
+def add_policy_file_flag(p: argparse.ArgumentParser) -> None:
+    """``--policy-file PATH`` (written by ``memgate calibrate``), shared by every command that
+    decides facts."""
+    p.add_argument(
+        "--policy-file",
+        help="a policy file from `memgate calibrate` (base policy + validated overrides)",
     )
-    return 0
 
 
 def _benchmarks_dir(explicit: str | None) -> tuple[Path | None, list[Path]]:
@@ -273,20 +256,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
     p.add_argument("file")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
     p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
     p.add_argument("--json", action="store_true")
     _add_engine_flags(p)
     p.set_defaults(func=cmd_triage)
 
-    p = sub.add_parser("eval", help="predict labelled/unlabelled gate cases (shared eval format)")
+    p = sub.add_parser(
+        "eval", help="predict gate cases (shared eval format); score them when labelled"
+    )
     p.add_argument("--cases", required=True)
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
-    p.add_argument("--out", help="predictions.jsonl (default: stdout)")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
+    p.add_argument("--out", help="predictions.jsonl (default: stdout when unlabelled)")
+    p.add_argument("--json", action="store_true", help="the scores as one JSON object")
     p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"normalize": false}')
     p.add_argument("--explain", action="store_true", help="add rule and candidates to each line")
     _add_engine_flags(p)
     p.set_defaults(func=cmd_eval)
+
+    from engine.calibrate import add_arguments as add_calibrate_arguments
+
+    p = sub.add_parser(
+        "calibrate",
+        help="sweep thresholds on labelled cases; write the chosen ones as a policy file",
+    )
+    add_calibrate_arguments(p)
+    _add_engine_flags(p)
+    p.set_defaults(func=cmd_calibrate)
 
     _add_bench_parser(sub)
     return parser

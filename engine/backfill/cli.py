@@ -42,7 +42,7 @@ _INTERRUPTED = 130
 
 def register(subparsers: Any) -> None:
     """Add ``backfill`` to ``memgate``'s subcommands."""
-    from engine.cli import _add_engine_flags
+    from engine.cli import _add_engine_flags, add_policy_file_flag
 
     p = subparsers.add_parser(
         "backfill",
@@ -59,7 +59,8 @@ def register(subparsers: Any) -> None:
         "(default: the field's own name; field= switches one off)",
     )
     p.add_argument("--namespace", help="namespace of rows that have none")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
     p.add_argument("--dry-run", action="store_true", help="decide only: store nothing")
     p.add_argument("--batch", type=int, default=256, help="facts per gate batch (default 256)")
     p.add_argument(
@@ -107,7 +108,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from engine.backfill.job import BackfillSettings, GateDecider, Job, Source, StreamDecider
     from engine.backfill.readers import columns
     from engine.backfill.rows import parse_map
+    from engine.policy_file import PolicyFileGate, base_name, load_policy_file
 
+    policy_file = load_policy_file(args.policy_file) if args.policy_file else None
+    if policy_file is not None and args.target:
+        raise InvalidInput(
+            "--policy-file applies to the local engine; through --target the server decides "
+            "(start it with memgate serve --policy-file)"
+        )
+    args.policy = base_name(args.policy, policy_file)
     settings = BackfillSettings(
         policy=args.policy,
         dry_run=args.dry_run,
@@ -150,7 +159,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
                 with open_engine(_engine_settings(args)) as eng:
                     job.settings = _with_limits(settings, eng.gate.settings)
-                    decider = GateDecider(eng.gate, args.policy, apply=not args.dry_run)
+                    gate = (
+                        eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
+                    )
+                    decider = GateDecider(gate, args.policy, apply=not args.dry_run)
                     result = job.run(decider)
         except KeyboardInterrupt:
             print(

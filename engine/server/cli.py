@@ -57,12 +57,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
         exact_tokens=args.exact_tokens,
     )
+    from engine.policy_file import PolicyFileGate, load_policy_file
+
+    policy_file = load_policy_file(args.policy_file) if args.policy_file else None
     with open_engine(_engine_settings(args)) as eng:
-        return serve(eng.gate, settings, tokens=tokens)
+        gate = eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
+        return serve(gate, settings, tokens=tokens)
 
 
 def _add_serve(sub: Any) -> None:
-    from engine.cli import _add_engine_flags
+    from engine.cli import _add_engine_flags, add_policy_file_flag
 
     p = sub.add_parser("serve", help="serve the gate over gRPC (health, metrics, auth, TLS)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: all interfaces)")
@@ -108,6 +112,7 @@ def _add_serve(sub: Any) -> None:
     p.add_argument(
         "--no-access-log", dest="access_log", action="store_false", help="no per-request log line"
     )
+    add_policy_file_flag(p)  # requests for the file's base policy get the file's settings
     _add_engine_flags(p)
     p.set_defaults(func=cmd_serve)
 
