@@ -496,6 +496,7 @@ def plot(
     ax.axhline(max_wrongful + 0.5, color="#c0392b", ls="--", lw=1, label="bound on overwrites")
     if chosen is not None:
         ax.scatter([xs[chosen]], [ys[chosen]], marker="*", s=260, color="#c0392b", label="chosen")
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("update recall (higher is better)")
     ax.set_ylabel("wrongful overwrites (lower is better)")
     ax.set_title(title, fontsize=10)
@@ -624,6 +625,8 @@ def command(args: Any, engine_settings: Any) -> int:
     plot_path = None if args.no_plot else Path(args.plot) if args.plot else out.with_suffix(".png")
     if plot_path is not None:
         pyplot()  # a missing extra fails now, not after the sweep
+        plot_path.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     settings = grid.settings()
     dims = " x ".join(f"{n} ({len(v)})" for n, v in zip(grid.fields, grid.values, strict=True))
     print(
