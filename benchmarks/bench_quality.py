@@ -425,6 +425,9 @@ def _plot(
         ax.grid(True, axis="x", alpha=0.3)
         if metric != "wrongful_overwrites":
             ax.set_xlim(0, 1)
+        else:
+            ax.set_xlim(left=0, right=max(1.0, ax.get_xlim()[1]))
+            ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].legend(fontsize=8, loc="lower right")
     fig.savefig(png, dpi=110)
     plt.close(fig)
