@@ -162,6 +162,7 @@ def main() -> int:
         MemoNLI,
         choose,
         cross_validate,
+        objective_for,
         parse_grid,
         summary,
         sweep,
@@ -254,12 +255,13 @@ def main() -> int:
                 memo = Gate(gate.store, gate.index, MemoEmbedder(embedder), MemoNLI(nli))
                 t0 = time.perf_counter()
                 swept = sweep(memo, data[first], base, grid)
-                picked = choose(grid, swept.trials, data[first], 0)
+                goal = objective_for(base)
+                picked = choose(grid, swept.trials, data[first], 0, objective=goal)
                 if picked is None:
                     print(f"  {policy_name} fitted: no setting without wrongful overwrites")
                     continue
                 setting = swept.trials[picked].setting
-                cv = cross_validate(grid, swept.trials, data[first], 0, args.folds)
+                cv = cross_validate(grid, swept.trials, data[first], 0, args.folds, 0, goal)
                 config = f"{policy_name} fitted"
                 overrides = dict(setting)
                 policy = base.with_overrides(overrides)

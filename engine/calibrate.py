@@ -51,6 +51,7 @@ __all__ = [
     "Grid",
     "MemoEmbedder",
     "MemoNLI",
+    "OBJECTIVES",
     "Sweep",
     "Trial",
     "choose",
@@ -58,6 +59,7 @@ __all__ = [
     "default_grid",
     "folds",
     "model_provenance",
+    "objective_for",
     "parse_grid",
     "plot",
     "sha256_of",
@@ -326,13 +328,26 @@ def summary(
         "accuracy": m["accuracy"],
         "review_rate": m["review_rate"],
         "updates_queued_right_target": r["updates_queued_right_target"],
+        "updates_handled": m["update_recall"] + r["updates_queued_right_target"],
         "adds_skips_queued": r["adds_skips_queued"],
     }
 
 
-def _recall(m: Mapping[str, Any]) -> float:
-    x = m["update_recall"]
+def _recall(m: Mapping[str, Any], name: str = "update_recall") -> float:
+    x = m[name]
     return 0.0 if isinstance(x, float) and math.isnan(x) else float(x)
+
+
+OBJECTIVES = {
+    "update_recall": "update recall (true updates replaced, right target)",
+    "updates_handled": "true updates replaced or queued for review with the right target",
+}
+
+
+def objective_for(policy: Policy) -> str:
+    """What a setting maximises: update recall for strict; for review, where queueing a true
+    update with its target is the intended outcome, the updates handled either way."""
+    return "updates_handled" if policy.mode == "review" else "update_recall"
 
 
 def choose(
@@ -341,18 +356,27 @@ def choose(
     cases: Sequence[dict[str, Any]],
     max_wrongful: int = 0,
     subset: Sequence[int] | None = None,
+    objective: str = "update_recall",
 ) -> int | None:
     """Index of the chosen trial judged on ``cases`` (or their ``subset``), or None when no
-    setting has at most ``max_wrongful`` wrongful overwrites there."""
+    setting has at most ``max_wrongful`` wrongful overwrites there. Maximises ``objective``
+    (:data:`OBJECTIVES`); ties go to fewer wrongful overwrites, then (``updates_handled``)
+    fewer adds and skips queued, then to the safer setting."""
     idx = list(range(len(cases))) if subset is None else list(subset)
     on = [cases[i] for i in idx]
     best: tuple[Any, ...] | None = None
     chosen = None
     for n, trial in enumerate(trials):
-        m = score(on, [trial.predictions[i] for i in idx])
+        m = summary(on, [trial.predictions[i] for i in idx])
         if m["wrongful_overwrites"] > max_wrongful:
             continue
-        key = (_recall(m), -m["wrongful_overwrites"], grid.safety(trial.setting))
+        needless = _recall(m, "adds_skips_queued") if objective == "updates_handled" else 0.0
+        key = (
+            _recall(m, objective),
+            -m["wrongful_overwrites"],
+            -needless,
+            grid.safety(trial.setting),
+        )
         if best is None or key > best:
             best, chosen = key, n
     return chosen
@@ -396,6 +420,7 @@ def cross_validate(
     max_wrongful: int = 0,
     k: int = 5,
     seed: int = 0,
+    objective: str = "update_recall",
 ) -> CrossValidation:
     parts = folds(cases, k, seed)
     safest = max(range(len(trials)), key=lambda n: grid.safety(trials[n].setting))
@@ -406,7 +431,7 @@ def cross_validate(
         train = [i for i in range(len(cases)) if i not in held_set]
         # A bound of N overwrites on all cases is N x (k-1)/k on the training folds; keep the
         # user's N (rounding down would forbid what they allowed).
-        pick = choose(grid, trials, cases, max_wrongful, train)
+        pick = choose(grid, trials, cases, max_wrongful, train, objective)
         use = safest if pick is None else pick
         trial = trials[use]
         for i in held:
@@ -484,11 +509,12 @@ def plot(
     chosen: int | None,
     max_wrongful: int,
     title: str,
+    objective: str = "update_recall",
 ) -> None:
-    """Wrongful overwrites against update recall, one point per setting."""
+    """Wrongful overwrites against update recall (or ``objective``), one point per setting."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5), layout="constrained")
-    xs = [_recall(m) for _, m in points]
+    xs = [_recall(m, objective) for _, m in points]
     ys = [m["wrongful_overwrites"] for _, m in points]
     acc = [m["accuracy"] for _, m in points]
     dots = ax.scatter(xs, ys, c=acc, cmap="viridis", s=36, alpha=0.75, edgecolors="none")
@@ -497,7 +523,7 @@ def plot(
     if chosen is not None:
         ax.scatter([xs[chosen]], [ys[chosen]], marker="*", s=260, color="#c0392b", label="chosen")
     ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("update recall (higher is better)")
+    ax.set_xlabel(f"{objective.replace('_', ' ')} (higher is better)")
     ax.set_ylabel("wrongful overwrites (lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
@@ -657,16 +683,19 @@ def command(args: Any, engine_settings: Any) -> int:
         "(the others re-decided from remembered model outputs)"
     )
     rows = [(t.setting, summary(cases, t.predictions)) for t in result.trials]
-    picked = choose(grid, result.trials, cases, args.max_wrongful)
+    objective = objective_for(base)
+    picked = choose(grid, result.trials, cases, args.max_wrongful, objective=objective)
     safe = sum(1 for _, m in rows if m["wrongful_overwrites"] <= args.max_wrongful)
     print(
         f"\nsafe zone: {safe} of {len(rows)} settings with at most {args.max_wrongful} "
-        "wrongful overwrites (* = chosen)"
+        f"wrongful overwrites (* = chosen: the most {OBJECTIVES[objective]})"
     )
     print(table(grid, rows, mark=picked, limit=args.show))
     base_m = summary(cases, result.base_trial.predictions)
     print(f"\nbase {base.name} as it is: {_line(base_m)}")
-    cv = cross_validate(grid, result.trials, cases, args.max_wrongful, args.folds, args.seed)
+    cv = cross_validate(
+        grid, result.trials, cases, args.max_wrongful, args.folds, args.seed, objective
+    )
     report = {
         "cases": {"path": str(cases_path), "sha256": sha256_of(cases_path), "count": len(cases)},
         "base": base.name,
@@ -691,6 +720,7 @@ def command(args: Any, engine_settings: Any) -> int:
             chosen=picked,
             max_wrongful=args.max_wrongful,
             title=f"{base.name} on {cases_path.name}: {len(rows)} settings",
+            objective=objective,
         )
     sweep_path = out.with_suffix(".sweep.json")
     if picked is None:
@@ -717,7 +747,7 @@ def command(args: Any, engine_settings: Any) -> int:
                 "models": models,
                 "grid": grid.to_json(),
                 "max_wrongful_overwrites": args.max_wrongful,
-                "selection": "max update recall with wrongful overwrites <= max; ties: fewer "
+                "selection": f"max {objective} with wrongful overwrites <= max; ties: fewer "
                 "wrongful overwrites, then higher thresholds",
                 "metrics": chosen_m,
                 "cross_validation": {"k": cv.k, "seed": cv.seed, "estimate": cv.estimate},

@@ -127,7 +127,10 @@ def command(args: Any, engine_settings: Any) -> int:
 
     cases = load_cases(Path(args.cases))
     name, policy = resolve_policy(args.policy, args.policy_file)
-    overrides = json.loads(args.overrides) if args.overrides else None
+    try:
+        overrides = json.loads(args.overrides) if args.overrides else None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--overrides is not JSON ({exc.msg})") from None
     if overrides is not None and not isinstance(overrides, dict):
         raise InvalidInput("--overrides must be a JSON object")
     policy = policy.with_overrides(overrides)

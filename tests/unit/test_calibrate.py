@@ -346,3 +346,30 @@ def test_commands_refuse_a_bad_policy_file_with_exit_2_before_loading_models(
     assert cli_main(["--cache-dir", str(tmp_path / "no-models"), *argv, *common]) == 2
     err = capsys.readouterr().err
     assert "InvalidInput" in err and "unknown policy override(s): ['x']" in err
+
+
+def test_review_objective_counts_updates_queued_with_the_right_target() -> None:
+    from engine.calibrate import objective_for
+
+    cases = _cases(3, 3)
+
+    def queued(setting: dict[str, float], right: bool, needless: int) -> Trial:
+        preds = [
+            {"id": c["id"], "action": "review", "target": "m1" if right else "m2"}
+            for c in cases[:3]
+        ]
+        preds += [
+            {"id": c["id"], "action": "review" if i < needless else "add", "target": None}
+            for i, c in enumerate(cases[3:])
+        ]
+        return Trial(setting, tuple(preds))
+
+    trials = [
+        queued({"floor": 0.5, "contradiction": 0.9}, True, 2),
+        queued({"floor": 0.5, "contradiction": 0.95}, True, 1),  # as many handled, less noise
+        queued({"floor": 0.7, "contradiction": 0.95}, False, 0),  # wrong targets
+    ]
+    assert objective_for(REVIEW) == "updates_handled" and objective_for(STRICT) == "update_recall"
+    assert choose(GRID, trials, cases, 0, objective="updates_handled") == 1
+    assert choose(GRID, trials, cases, 0, objective="update_recall") == 2  # all 0: safest
+    assert summary(cases, trials[0].predictions)["updates_handled"] == 1.0
