@@ -373,3 +373,13 @@ def test_review_objective_counts_updates_queued_with_the_right_target() -> None:
     assert choose(GRID, trials, cases, 0, objective="updates_handled") == 1
     assert choose(GRID, trials, cases, 0, objective="update_recall") == 2  # all 0: safest
     assert summary(cases, trials[0].predictions)["updates_handled"] == 1.0
+
+
+def test_a_missing_bench_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from engine.calibrate import pyplot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an absent package imports as
+    with pytest.raises(SystemExit, match=r"bench extra .*memgate\[bench\].*--no-plot"):
+        pyplot()
