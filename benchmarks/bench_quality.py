@@ -410,7 +410,7 @@ def _plot(
         ("accuracy", "accuracy"),
     ]
     fig, axes = plt.subplots(1, 3, figsize=(16, 0.5 * len(keys) + 2.5), layout="constrained")
-    bars = [*names, f"{first} CV"] if cv_of else names
+    bars = [first, f"{first} CV", *names[1:]] if cv_of else names  # the estimate by its set
     height = 0.8 / len(bars)
     for ax, (metric, title) in zip(axes, panels, strict=True):
         for j, s in enumerate(bars):
