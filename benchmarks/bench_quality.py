@@ -1,19 +1,31 @@
-"""Gate quality on labelled cases: both policies, each available NLI model, and ablations.
+"""Gate quality on labelled sets side by side: dev, heldout and heldout-2, per policy.
 
-For every configuration, ``engine.evaluate.predict`` runs each case in a fresh namespace (memories
-stored as they are, the incoming fact triaged as a dry run) and the shared scorer
-(``../shared/eval/score.py``) scores the predictions. The ablations switch off one step at a time
-(event normalisation, attribute keys, lexical rules) and all of them together (the seed's rules),
-so each step's effect is measured on the same cases in the same run.
+For every configuration and every set, each case runs in its own namespace (memories stored as
+they are, the incoming fact triaged as a dry run: ``engine.evaluate``, what ``memgate eval``
+runs) and the project's scorer (``engine.scoring``, the metrics of the shared eval README)
+scores the predictions. The ablations switch off one step at a time (event normalisation,
+attribute keys, lexical rules) and all of them together (the seed's rules).
 
-    python benchmarks/bench_quality.py                    # dev set, all configurations
-    python benchmarks/bench_quality.py --cases FILE.jsonl  # another labelled set
+Fitted settings (``--fit``): ``memgate calibrate``'s sweep, choice and k-fold cross-validation
+on the first set (the one the thresholds may be tuned on), then the chosen setting on every
+other set. The CV estimate is reported beside the held-out figures, so the optimism of the
+in-sample figures shows.
+
+    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2)
+    python benchmarks/bench_quality.py --cases FILE.jsonl  # another first set
+    python benchmarks/bench_quality.py --sets none         # the first set only
+    python benchmarks/bench_quality.py --fit none          # no fitted setting
+
+``--scorer PATH`` (the shared ``score.py``; the suite passes it) re-scores every run with that
+script too and stops if any figure differs from the project's scorer.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -25,7 +37,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, add_common_args, pyplot, run_header, table, write_json  # noqa: E402
 
-SHARED_EVAL = ROOT.parent / "shared" / "eval"
+SHARED_EVAL = next(
+    (
+        p
+        for p in (ROOT.parent / "shared" / "eval", ROOT.parent.parent / "shared" / "eval")
+        if p.is_dir()
+    ),
+    ROOT.parent / "shared" / "eval",
+)  # next to the checkout (a git worktree sits one level deeper)
+DATA = ROOT / "benchmarks" / "data"
+HELDOUT_SETS = {"heldout": DATA / "heldout.jsonl", "heldout-2": DATA / "heldout2.jsonl"}
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar
 # passing candidate, nothing else.
@@ -74,134 +95,344 @@ def category_recall(cases: list[dict[str, Any]], preds: list[dict[str, Any]]) ->
     return {cat: hit[cat] / n for cat, n in total.items()}
 
 
+def _sets(args: argparse.Namespace) -> tuple[list[tuple[str, Path]], list[str]]:
+    """(name, path) of every set to run, the first being --cases; and the skip lines."""
+    first = "dev" if args.cases.name == "dev.jsonl" else args.cases.stem
+    sets = [(first, args.cases)]
+    skipped = []
+    wanted = [] if args.sets == ["none"] else args.sets
+    for name in wanted:
+        path = HELDOUT_SETS.get(name, Path(name))
+        label = name if name in HELDOUT_SETS else path.stem
+        if path.resolve() == args.cases.resolve():
+            continue
+        if not path.is_file():
+            skipped.append(f"{label} skipped: {path} does not exist (not in this checkout yet)")
+            continue
+        sets.append((label, path))
+    return sets, skipped
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _traps(m: dict[str, Any]) -> int:
+    return int(m["wrongful_overwrite_breakdown"]["on_trap_cases"])
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return "-" if x != x else f"{x:.3f}"
+    return str(x)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_args(parser)
-    parser.add_argument("--cases", type=Path, default=SHARED_EVAL / "dev.jsonl")
-    parser.add_argument("--scorer", type=Path, default=SHARED_EVAL / "score.py")
+    parser.add_argument("--cases", type=Path, default=SHARED_EVAL / "dev.jsonl", help="first set")
+    parser.add_argument(
+        "--sets",
+        nargs="*",
+        default=list(HELDOUT_SETS),
+        help="more labelled sets: heldout, heldout-2 or paths (none: the first set only)",
+    )
+    parser.add_argument("--scorer", type=Path, help="shared score.py to cross-check against")
     parser.add_argument(
         "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
     )
     parser.add_argument("--nli", nargs="*", default=["auto"], help="NLI artefacts to compare")
     parser.add_argument(
-        "--limit", type=int, default=0, help="only the first N cases (plumbing checks)"
+        "--fit",
+        nargs="*",
+        default=["strict"],
+        help="policies to fit on the first set with memgate calibrate's default grid, "
+        "choice and CV (none: no fitted setting)",
+    )
+    parser.add_argument("--folds", type=int, default=5, help="CV folds of a fitted setting")
+    parser.add_argument(
+        "--limit", type=int, default=0, help="only the first N cases of each set (plumbing)"
     )
     args = parser.parse_args()
 
-    from engine.evaluate import load_cases, predict
+    from engine.calibrate import (
+        MemoEmbedder,
+        MemoNLI,
+        choose,
+        cross_validate,
+        objective_for,
+        parse_grid,
+        summary,
+        sweep,
+    )
+    from engine.evaluate import decide_cases, is_labelled, load_cases, stage
     from engine.gate.gate import Gate
     from engine.gate.policy import policy_by_name
     from engine.index import IndexManager
     from engine.runtime.loader import ModelChoice, load_models
     from engine.runtime.session import SessionSettings
+    from engine.scoring import review_measures, score
     from engine.store import SQLiteStore
 
-    scorer = load_scorer(args.scorer)
-    cases = load_cases(args.cases)
-    if args.limit:
-        cases = cases[: args.limit]
-    labelled = all("expected" in c for c in cases)
-    if not labelled:
-        raise SystemExit(
-            "bench_quality needs labelled cases (use `memgate eval` for unlabelled ones)"
-        )
+    shared = load_scorer(args.scorer) if args.scorer else None
+    sets, skipped = _sets(args)
+    data: dict[str, list[dict[str, Any]]] = {}
+    for name, path in sets:
+        cases = load_cases(path)
+        if args.limit:
+            cases = cases[: args.limit]
+        if not is_labelled(cases):
+            raise SystemExit(f"bench_quality needs labelled cases; {path} has unlabelled ones")
+        data[name] = cases
+    for line in skipped:
+        print(line, flush=True)
+    fits = [] if args.fit == ["none"] else args.fit
     payload = run_header("quality", args)
-    results: list[dict[str, Any]] = []
-    rows = []
-    for nli_name in args.nli:
-        embedder, nli = load_models(
-            args.cache_dir,
-            ModelChoice(nli=nli_name),
-            SessionSettings(intra_op_threads=args.threads),
-        )
-        model = nli.manifest.describe()
-        print(f"NLI: {model}", flush=True)
-        for name in args.configs:
-            policy_name, overrides = CONFIGS[name]
-            policy = policy_by_name(policy_name).with_overrides(overrides)
-            with tempfile.TemporaryDirectory() as tmp:
-                store = SQLiteStore(Path(tmp) / "q.db")
-                gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
-                t0 = time.perf_counter()
-                preds = [p for p, _ in predict(gate, cases, policy)]
-                seconds = time.perf_counter() - t0
-                store.close()
-            m = scorer.score(cases, preds)
-            rec = category_recall(cases, preds)
-            wo = m["wrongful_overwrite_breakdown"]
-            results.append(
-                {
-                    "config": name,
-                    "nli": model,
-                    "policy": policy_name,
-                    "overrides": overrides,
-                    "metrics": m,
-                    "replace_recall_by_category": rec,
-                    "seconds": seconds,
-                }
-            )
-            rows.append(
-                [
-                    name,
-                    nli.manifest.name,
-                    m["wrongful_overwrites"],
-                    wo["on_trap_cases"],
-                    m["update_recall"],
-                    rec.get("event_update", float("nan")),
-                    rec.get("state_update", float("nan")),
-                    m["duplicate_precision"],
-                    m["review_rate"],
-                    m["accuracy"],
-                ]
-            )
-            print(
-                f"  {name}: overwrites {m['wrongful_overwrites']}, recall {m['update_recall']:.3f} "
-                f"({seconds:.1f}s)",
-                flush=True,
-            )
-    headers = [
-        "config",
-        "nli",
-        "overwrites",
-        "on traps",
-        "update rec",
-        "event_upd rec",
-        "state_upd rec",
-        "dup prec",
-        "review rate",
-        "accuracy",
-    ]
-    print()
-    cells = [
-        [r[0], r[1], *[x if isinstance(x, int) else f"{float(x):.3f}" for x in r[2:]]] for r in rows
-    ]
-    print(table(headers, cells, title=f"gate quality on {args.cases.name} ({len(cases)} cases)"))
     payload["cases"] = str(args.cases)
+    payload["sets"] = {
+        name: {"path": str(path), "sha256": _sha256(path), "cases": len(data[name])}
+        for name, path in sets
+    }
+    payload["skipped"] = skipped
+    results: list[dict[str, Any]] = []
+    fitted: list[dict[str, Any]] = []
+    first = sets[0][0]
+
+    def record(
+        config: str, set_name: str, policy: str, overrides: dict[str, Any], preds: list[Any]
+    ) -> dict[str, Any]:
+        cases = data[set_name]
+        m = score(cases, preds)
+        if shared is not None:
+            theirs = shared.score(cases, preds)
+            if json.dumps(m, sort_keys=True) != json.dumps(theirs, sort_keys=True):
+                raise SystemExit(f"{config} on {set_name}: engine.scoring differs from score.py")
+        return {
+            "config": config if set_name == first else f"{config} @{set_name}",
+            "name": config,
+            "set": set_name,
+            "nli": model,
+            "policy": policy,
+            "overrides": overrides,
+            "metrics": m,
+            "review_measures": review_measures(cases, preds),
+            "replace_recall_by_category": category_recall(cases, preds),
+        }
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for nli_name in args.nli:
+            embedder, nli = load_models(
+                args.cache_dir,
+                ModelChoice(nli=nli_name),
+                SessionSettings(intra_op_threads=args.threads),
+            )
+            model = nli.manifest.describe()
+            print(f"NLI: {model}", flush=True)
+            store = SQLiteStore(Path(tmp) / f"q-{len(results)}.db")
+            gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
+            staged = {n: stage(gate, data[n], prefix=f"set{i}") for i, (n, _) in enumerate(sets)}
+            for config in args.configs:
+                policy_name, overrides = CONFIGS[config]
+                policy = policy_by_name(policy_name).with_overrides(overrides)
+                for set_name, _ in sets:
+                    t0 = time.perf_counter()
+                    preds = [p for p, _ in decide_cases(gate, staged[set_name], policy)]
+                    rec = record(config, set_name, policy_name, overrides, preds)
+                    rec["seconds"] = time.perf_counter() - t0
+                    results.append(rec)
+                    m = rec["metrics"]
+                    print(
+                        f"  {config} on {set_name}: overwrites {m['wrongful_overwrites']}, "
+                        f"recall {m['update_recall']:.3f}, accuracy {m['accuracy']:.3f} "
+                        f"({rec['seconds']:.1f}s)",
+                        flush=True,
+                    )
+            for policy_name in fits:
+                base = policy_by_name(policy_name)
+                grid = parse_grid([], base)
+                memo = Gate(gate.store, gate.index, MemoEmbedder(embedder), MemoNLI(nli))
+                t0 = time.perf_counter()
+                swept = sweep(memo, data[first], base, grid)
+                goal = objective_for(base)
+                picked = choose(grid, swept.trials, data[first], 0, objective=goal)
+                if picked is None:
+                    print(f"  {policy_name} fitted: no setting without wrongful overwrites")
+                    continue
+                setting = swept.trials[picked].setting
+                cv = cross_validate(grid, swept.trials, data[first], 0, args.folds, 0, goal)
+                config = f"{policy_name} fitted"
+                overrides = dict(setting)
+                policy = base.with_overrides(overrides)
+                recs = [
+                    record(
+                        config,
+                        first,
+                        policy_name,
+                        overrides,
+                        list(swept.trials[picked].predictions),
+                    )
+                ]
+                for set_name, _ in sets[1:]:
+                    preds = [p for p, _ in decide_cases(gate, staged[set_name], policy)]
+                    recs.append(record(config, set_name, policy_name, overrides, preds))
+                for rec in recs:
+                    rec["fitted_on"] = first
+                    rec["seconds"] = time.perf_counter() - t0
+                results += recs
+                fitted.append(
+                    {
+                        "policy": policy_name,
+                        "nli": model,
+                        "fitted_on": first,
+                        "grid": grid.to_json(),
+                        "setting": setting,
+                        "in_sample": summary(data[first], list(swept.trials[picked].predictions)),
+                        "cv": {
+                            "k": cv.k,
+                            "seed": cv.seed,
+                            "estimate": cv.estimate,
+                            "folds": cv.folds,
+                        },
+                        "model_work": swept.model_work,
+                    }
+                )
+                print(
+                    f"  {config} on {first}: {setting}; CV estimate overwrites "
+                    f"{cv.estimate['wrongful_overwrites']}, recall "
+                    f"{cv.estimate['update_recall']:.3f}",
+                    flush=True,
+                )
+            store.close()
+
+    # One row per configuration, the sets side by side; a fitted row carries its CV estimate.
+    names = [s for s, _ in sets]
+    by: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in results:
+        by[(r["name"], r["nli"])][r["set"]] = r["metrics"]
+    cv_of = {(f"{f['policy']} fitted", f["nli"]): f["cv"]["estimate"] for f in fitted}
+    headers = ["config", "nli"]
+    for s in names:
+        headers += [f"{s} overwr (traps)", f"{s} upd rec", f"{s} acc"]
+        if s == first and cv_of:
+            headers += [f"{first} CV overwr", f"{first} CV rec", f"{first} CV acc"]
+    rows = []
+    for (config, nli_desc), per_set in by.items():
+        row = [config, nli_desc.split(" ")[0]]
+        for s in names:
+            m = per_set.get(s)
+            row += (
+                [
+                    f"{m['wrongful_overwrites']} ({_traps(m)})",
+                    _fmt(m["update_recall"]),
+                    _fmt(m["accuracy"]),
+                ]
+                if m
+                else ["-", "-", "-"]
+            )
+            if s == first and cv_of:
+                est = cv_of.get((config, nli_desc))
+                row += (
+                    [
+                        str(est["wrongful_overwrites"]),
+                        _fmt(est["update_recall"]),
+                        _fmt(est["accuracy"]),
+                    ]
+                    if est
+                    else ["", "", ""]
+                )
+        rows.append(row)
+    print()
+    sizes = ", ".join(f"{s} {len(data[s])}" for s in names)
+    print(table(headers, rows, title=f"gate quality side by side (cases: {sizes})"))
+    for line in skipped:
+        print(line)
+    review_rows = [
+        [
+            r["config"],
+            r["review_measures"]["wrongful_overwrites"],
+            _fmt(r["review_measures"]["updates_queued_right_target"]),
+            _fmt(r["review_measures"]["adds_skips_queued"]),
+        ]
+        for r in results
+        if r["policy"] == "review"
+    ]
+    if review_rows:
+        print()
+        print(
+            table(
+                [
+                    "config",
+                    "wrongful overwrites",
+                    "updates queued, right target",
+                    "adds+skips queued",
+                ],
+                review_rows,
+                title="review policy measures (issue 12, item 5)",
+            )
+        )
+    for f in fitted:
+        print(
+            f"\n{f['policy']} fitted on {f['fitted_on']}: {f['setting']}; in sample "
+            f"{f['in_sample']['wrongful_overwrites']} overwrites / recall "
+            f"{f['in_sample']['update_recall']:.3f}; {f['cv']['k']}-fold CV estimate "
+            f"{f['cv']['estimate']['wrongful_overwrites']} / "
+            f"{f['cv']['estimate']['update_recall']:.3f}"
+        )
     payload["results"] = results
+    payload["fitted"] = fitted
     path = write_json(args.out, "quality", payload)
     print(f"\nJSON: {path}")
     plt = pyplot()
     if plt is not None:
-        fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
-        labels = [f"{r[0]}\n{r[1]}" if len(args.nli) > 1 else r[0] for r in rows]
-        ax[0].barh(labels, [r[2] for r in rows], color="#c0392b")
-        ax[0].set_title("wrongful overwrites (lower is better)")
-        ax[0].invert_yaxis()
-        ax[1].barh(labels, [r[4] for r in rows], color="#2980b9", label="update recall")
-        ax[1].barh(
-            labels, [r[5] for r in rows], color="#8e44ad", alpha=0.5, label="event_update recall"
-        )
-        ax[1].set_xlim(0, 1)
-        ax[1].set_title("update recall (higher is better)")
-        ax[1].invert_yaxis()
-        ax[1].legend(loc="lower right", fontsize=8)
-        fig.tight_layout()
         png = path.with_suffix(".png")
-        fig.savefig(png, dpi=110)
+        _plot(plt, by, names, cv_of, first, png)
         print(f"plot: {png}")
     return 0
+
+
+def _plot(
+    plt: Any,
+    by: dict[tuple[str, str], dict[str, dict[str, Any]]],
+    names: list[str],
+    cv_of: dict[tuple[str, str], dict[str, Any]],
+    first: str,
+    png: Path,
+) -> None:
+    """Per configuration, one bar per set (and the CV estimate of a fitted one, hatched)."""
+    keys = list(by)
+    many = len({n for _, n in keys}) > 1
+    labels = [f"{c}\n{n.split(' ')[0]}" if many else c for c, n in keys]
+    panels = [
+        ("wrongful_overwrites", "wrongful overwrites (lower is better)"),
+        ("update_recall", "update recall (higher is better)"),
+        ("accuracy", "accuracy"),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 0.5 * len(keys) + 2.5), layout="constrained")
+    bars = [first, f"{first} CV", *names[1:]] if cv_of else names  # the estimate by its set
+    height = 0.8 / len(bars)
+    for ax, (metric, title) in zip(axes, panels, strict=True):
+        for j, s in enumerate(bars):
+            ys = [i + (j - (len(bars) - 1) / 2) * height for i in range(len(keys))]
+            if s.endswith(" CV"):
+                vals = [float((cv_of.get(k) or {}).get(metric) or 0.0) for k in keys]
+                ax.barh(ys, vals, height, label=s, hatch="//", fill=False, edgecolor="#555")
+            else:
+                vals = [float((by[k].get(s) or {}).get(metric) or 0.0) for k in keys]
+                ax.barh(ys, vals, height, label=s)
+        ax.set_yticks(range(len(keys)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, axis="x", alpha=0.3)
+        if metric != "wrongful_overwrites":
+            ax.set_xlim(0, 1)
+        else:
+            ax.set_xlim(left=0, right=max(1.0, ax.get_xlim()[1]))
+            ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.cli.common import add_client_flags, add_engine_flags, client_from_args, engine_settings
+from engine.cli.common import (
+    add_client_flags,
+    add_engine_flags,
+    add_policy_file_flag,
+    client_from_args,
+    engine_settings,
+)
 from engine.errors import InvalidInput, MemgateError
 
 __all__ = ["register"]
@@ -57,7 +63,8 @@ def register(subparsers: Any) -> None:
         "(default: the field's own name; field= switches one off)",
     )
     p.add_argument("--namespace", help="namespace of rows that have none")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
     p.add_argument("--dry-run", action="store_true", help="decide only: store nothing")
     p.add_argument("--batch", type=int, default=256, help="facts per gate batch (default 256)")
     p.add_argument(
@@ -101,7 +108,15 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from engine.backfill.job import BackfillSettings, GateDecider, Job, Source, StreamDecider
     from engine.backfill.readers import columns
     from engine.backfill.rows import parse_map
+    from engine.policy_file import PolicyFileGate, base_name, load_policy_file
 
+    policy_file = load_policy_file(args.policy_file) if args.policy_file else None
+    if policy_file is not None and args.target:
+        raise InvalidInput(
+            "--policy-file applies to the local engine; through --target the server decides "
+            "(start it with memgate serve --policy-file)"
+        )
+    args.policy = base_name(args.policy, policy_file)
     settings = BackfillSettings(
         policy=args.policy,
         dry_run=args.dry_run,
@@ -143,7 +158,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
                 with open_engine(engine_settings(args)) as eng:
                     job.settings = _with_limits(settings, eng.gate.settings)
-                    decider = GateDecider(eng.gate, args.policy, apply=not args.dry_run)
+                    gate = (
+                        eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
+                    )
+                    decider = GateDecider(gate, args.policy, apply=not args.dry_run)
                     result = job.run(decider)
         except KeyboardInterrupt:
             print(

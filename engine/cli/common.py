@@ -27,6 +27,7 @@ __all__ = [
     "add_client_flags",
     "add_engine_flags",
     "add_global_flags",
+    "add_policy_file_flag",
     "client_from_args",
     "default_cache_dir",
     "engine_settings",
@@ -65,6 +66,15 @@ def add_global_flags(p: argparse.ArgumentParser, *, inner: bool = False) -> None
         "--log-level",
         default=_inner(inner, os.environ.get("MEMGATE_LOG", "WARNING")),
         help="python logging level (default: $MEMGATE_LOG or WARNING)",
+    )
+
+
+def add_policy_file_flag(p: argparse.ArgumentParser) -> None:
+    """``--policy-file PATH`` (written by ``memgate calibrate``), shared by every command that
+    decides facts."""
+    p.add_argument(
+        "--policy-file",
+        help="a policy file from `memgate calibrate` (base policy + validated overrides)",
     )
 
 

@@ -1,64 +1,48 @@
-"""``memgate eval``: predictions for labelled or unlabelled gate cases (shared eval format)."""
+"""``memgate eval`` (predict gate cases; score them when labelled) and ``memgate calibrate``
+(sweep thresholds on labelled cases, write the chosen ones as a policy file)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from engine.cli.common import add_engine_flags, engine_settings
+from engine.cli.common import add_engine_flags, add_policy_file_flag, engine_settings
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("eval", help="predict labelled/unlabelled gate cases (shared eval format)")
+    from engine.calibrate import add_arguments as add_calibrate_arguments
+
+    p = sub.add_parser(
+        "eval", help="predict gate cases (shared eval format); score them when labelled"
+    )
     p.add_argument("--cases", required=True)
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
-    p.add_argument("--out", help="predictions.jsonl (default: stdout)")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
+    p.add_argument("--out", help="predictions.jsonl (default: stdout when unlabelled)")
+    p.add_argument("--json", action="store_true", help="the scores as one JSON object")
     p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"normalize": false}')
     p.add_argument("--explain", action="store_true", help="add rule and candidates to each line")
     add_engine_flags(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser(
+        "calibrate",
+        help="sweep thresholds on labelled cases; write the chosen ones as a policy file",
+    )
+    add_calibrate_arguments(p)
+    add_engine_flags(p)
+    p.set_defaults(func=cmd_calibrate)
+
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from engine.app import open_engine
-    from engine.evaluate import load_cases, predict
-    from engine.gate.policy import policy_by_name
+    from engine.evaluate import command
 
-    cases = load_cases(Path(args.cases))
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        open_engine(engine_settings(args), db_path=Path(tmp) / "eval.db") as eng,
-    ):
-        overrides = json.loads(args.overrides) if args.overrides else None
-        policy = policy_by_name(args.policy).with_overrides(overrides)
-        rows = predict(eng.gate, cases, policy)
-    lines = []
-    for pred, d in rows:
-        rec = dict(pred)
-        if args.explain:
-            rec["rule"] = d.rule
-            rec["candidates"] = [
-                (
-                    c.text[:60],
-                    round(c.similarity, 3),
-                    None if c.contradiction is None else round(c.contradiction, 3),
-                    c.reason,
-                )
-                for c in d.candidates[:4]
-            ]
-        lines.append(json.dumps(rec))
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    else:
-        print(*lines, sep="\n")
-    print(
-        f"wrote {len(rows)} predictions ({args.policy})" + (f" to {args.out}" if args.out else ""),
-        file=sys.stderr,
-    )
-    return 0
+    return command(args, engine_settings(args))
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from engine.calibrate import command
+
+    return command(args, engine_settings(args))

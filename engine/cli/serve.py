@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from engine.cli.common import add_engine_flags, engine_settings, usage_error
+from engine.cli.common import add_engine_flags, add_policy_file_flag, engine_settings, usage_error
 
 __all__ = ["register", "settings_from_args"]
 
@@ -69,6 +69,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-access-log", dest="access_log", action="store_false", help="no per-request log line"
     )
+    add_policy_file_flag(p)  # requests for the file's base policy get the file's settings
     add_engine_flags(p)
     p.set_defaults(func=cmd_serve)
 
@@ -122,6 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.log_format == "json":
         install_json_logging("INFO" if args.access_log else "WARNING")
+    from engine.policy_file import PolicyFileGate, load_policy_file
+
     engine, server, tokens = settings_from_args(args)
+    policy_file = load_policy_file(args.policy_file) if args.policy_file else None
     with open_engine(engine) as eng:
-        return serve(eng.gate, server, tokens=tokens)
+        gate = eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
+        return serve(gate, server, tokens=tokens)

@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Any
 
-from engine.cli.common import add_engine_flags, engine_settings, facts_from_arg, print_decision
+from engine.cli.common import (
+    add_engine_flags,
+    add_policy_file_flag,
+    engine_settings,
+    facts_from_arg,
+    print_decision,
+)
 
 __all__ = ["register"]
 
@@ -14,7 +20,8 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
     p.add_argument("file", help="JSON Lines of facts, or - for stdin")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    add_policy_file_flag(p)
     p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
     p.add_argument("--json", action="store_true")
     add_engine_flags(p)
@@ -23,10 +30,12 @@ def register(sub: Any) -> None:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from engine.app import open_engine
+    from engine.policy_file import resolve_policy
 
+    _, policy = resolve_policy(args.policy, args.policy_file)
     facts = list(facts_from_arg("memgate triage", args.file))
     with open_engine(engine_settings(args)) as eng:
-        result = eng.gate.triage(facts, args.policy, apply=args.apply)
+        result = eng.gate.triage(facts, policy, apply=args.apply)
     for d in result.decisions:
         if args.json:
             record = {

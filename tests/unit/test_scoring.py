@@ -1,0 +1,239 @@
+"""engine.scoring: the shared eval README's metrics, checked by hand and against score.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.scoring import ACTIONS, format_scores, headline, review_measures, score
+
+ROOT = Path(__file__).resolve().parents[2]
+HELDOUT = ROOT / "benchmarks" / "data" / "heldout.jsonl"
+
+
+def _shared_eval() -> Path | None:
+    """../shared/eval next to the checkout (a worktree sits one level deeper)."""
+    for up in (ROOT.parent, ROOT.parent.parent):
+        if (up / "shared" / "eval" / "score.py").is_file():
+            return up / "shared" / "eval"
+    return None
+
+
+SHARED = _shared_eval()
+needs_shared = pytest.mark.skipif(SHARED is None, reason="no ../shared/eval (score.py, dev.jsonl)")
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def case(
+    cid: str,
+    action: str,
+    target: str | None,
+    category: str = "state_update",
+    notes: str = "",
+    memories: int = 3,
+) -> dict[str, Any]:
+    return {
+        "id": cid,
+        "category": category,
+        "memories": [{"id": f"m{i}", "text": f"memory {i}"} for i in range(1, memories + 1)],
+        "incoming": "x",
+        "expected": {"action": action, "target": target},
+        "notes": notes,
+    }
+
+
+def pred(cid: str, action: str, target: str | None = None) -> dict[str, Any]:
+    return {"id": cid, "action": action, "target": target}
+
+
+# -- the definitions, by hand -------------------------------------------------------------------
+def test_wrongful_overwrites_and_their_breakdown() -> None:
+    cases = [
+        case("a", "replace", "m1", "lookalike", "[trap] sibling closer"),
+        case("b", "replace", "m2"),
+        case("c", "add", None, "unrelated"),
+        case("d", "skip", "m3", "duplicate"),
+        case("e", "review", "m1", "multi_claim"),
+        case("f", "replace", "m1"),
+    ]
+    preds = [
+        pred("a", "replace", "m2"),  # wrong sibling, on a trap
+        pred("b", "replace", "m2"),  # right
+        pred("c", "replace", "m1"),  # on an expected add
+        pred("d", "replace", "m3"),  # on an expected skip
+        pred("e", "replace", "m9"),  # on an expected review, with an id that does not exist
+        pred("f", "review", "m1"),  # deferred: neither overwrite nor missed
+    ]
+    m = score(cases, preds)
+    assert m["wrongful_overwrites"] == 4
+    assert m["wrongful_overwrite_rate"] == pytest.approx(4 / 6)
+    assert m["wrongful_overwrite_breakdown"] == {
+        "wrong_target_on_expected_replace": 1,
+        "on_expected_add": 1,
+        "on_expected_skip": 1,
+        "on_expected_review": 1,
+        "on_trap_cases": 1,
+    }
+    assert m["trap_cases"] == 1
+    assert m["update_recall"] == pytest.approx(1 / 3)
+    assert m["update_precision"] == pytest.approx(1 / 5)
+    assert m["deferred_updates"] == 1 and m["missed_updates"] == 0
+    assert m["accuracy"] == pytest.approx(1 / 6)
+
+
+def test_skips_adds_reviews_missing_and_accuracy_by_category() -> None:
+    cases = [
+        case("a", "skip", "m1", "duplicate"),
+        case("b", "skip", "m2", "duplicate"),
+        case("c", "add", None, "refinement"),
+        case("d", "replace", "m1"),
+        case("e", "review", None, "multi_claim"),
+        case("f", "add", None, "refinement"),
+        case("g", "replace", "m3"),
+    ]
+    preds = [
+        pred("a", "skip", "m1"),
+        pred("b", "skip", "m3"),  # a duplicate hit, wrong target: not accurate
+        pred("c", "skip", "m1"),  # lost information
+        pred("d", "add"),  # missed update
+        pred("e", "review", "m2"),  # review is scored on the action alone
+        pred("f", "maybe"),  # unknown action -> missing
+        # g: no prediction -> missing
+        pred("zz", "replace", "m1"),  # not a case: ignored
+    ]
+    m = score(cases, preds)
+    assert m["duplicate_precision"] == pytest.approx(2 / 3)
+    assert m["duplicate_recall"] == 1.0
+    assert m["duplicate_target_accuracy"] == 0.5
+    assert m["lost_information"] == 1
+    assert m["missed_updates"] == 1 and m["missed_update_rate"] == 0.5
+    assert m["missing_predictions"] == 2
+    assert m["wrongful_overwrites"] == 0
+    assert math.isnan(m["update_precision"])  # no predicted replace: undefined, not 0
+    assert m["add_recall"] == 0.0 and m["add_precision"] == 0.0  # the one add was an update
+    assert m["review_rate"] == pytest.approx(1 / 7) and m["review_recall"] == 1.0
+    assert m["accuracy_by_category"] == {
+        "duplicate": 0.5,
+        "multi_claim": 1.0,
+        "refinement": 0.0,
+        "state_update": 0.0,
+    }
+    assert m["confusion_expected_x_predicted"]["add->missing"] == 1
+    assert m["confusion_expected_x_predicted"]["replace->missing"] == 1
+
+
+def test_the_last_prediction_of_an_id_counts() -> None:
+    cases = [case("a", "replace", "m1")]
+    m = score(cases, [pred("a", "add"), pred("a", "replace", "m1")])
+    assert m["update_recall"] == 1.0 and m["accuracy"] == 1.0
+
+
+def test_review_measures() -> None:
+    cases = [
+        case("a", "replace", "m1"),
+        case("b", "replace", "m2"),
+        case("c", "replace", "m3"),
+        case("d", "add", None),
+        case("e", "skip", "m1"),
+        case("f", "add", None),
+        case("g", "review", "m1"),
+    ]
+    preds = [
+        pred("a", "review", "m1"),  # queued with the right target
+        pred("b", "review", "m1"),  # queued, wrong target
+        pred("c", "replace", "m3"),
+        pred("d", "review", "m1"),  # queued needlessly
+        pred("e", "skip", "m1"),
+        pred("f", "add"),
+        pred("g", "replace", "m1"),  # a wrongful overwrite
+    ]
+    r = review_measures(cases, preds)
+    assert r == {
+        "wrongful_overwrites": 1,
+        "updates_queued_right_target": pytest.approx(1 / 3),
+        "adds_skips_queued": pytest.approx(1 / 3),
+    }
+
+
+def test_text_output_names_every_figure() -> None:
+    cases = [case("a", "replace", "m1"), case("b", "add", None)]
+    m = score(cases, [pred("a", "replace", "m1"), pred("b", "add")])
+    text = format_scores(m, review_measures(cases, []))
+    for name in ("wrongful_overwrites", "on_trap_cases", "update_recall", "review measures"):
+        assert name in text
+    assert headline(m).startswith("wrongful overwrites 0 (0 on traps), update recall 1.000")
+
+
+# -- against the shared scorer ----------------------------------------------------------------
+def _shared_scorer() -> Any:
+    assert SHARED is not None
+    spec = importlib.util.spec_from_file_location("shared_eval_score", SHARED / "score.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _random_predictions(cases: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    out = []
+    for c in cases:
+        roll = rng.random()
+        if roll < 0.05:
+            continue  # missing
+        ids = [m["id"] for m in c["memories"]] + [None, "m99"]
+        action = rng.choice([*ACTIONS, "bogus"])
+        out.append({"id": c["id"], "action": action, "target": rng.choice(ids)})
+    rng.shuffle(out)
+    return out
+
+
+def _realish_predictions(cases: list[dict[str, Any]], rng: random.Random) -> list[dict[str, Any]]:
+    """Mostly right, with the errors a gate makes: wrong sibling, add for update, skip."""
+    out = []
+    for c in cases:
+        exp = c["expected"]
+        ids = [m["id"] for m in c["memories"]]
+        roll = rng.random()
+        if roll < 0.7:
+            out.append({"id": c["id"], "action": exp["action"], "target": exp["target"]})
+        elif roll < 0.8:
+            others = [i for i in ids if i != exp["target"]]
+            out.append({"id": c["id"], "action": "replace", "target": rng.choice(others)})
+        elif roll < 0.9:
+            out.append({"id": c["id"], "action": "add", "target": None})
+        else:
+            out.append({"id": c["id"], "action": "skip", "target": rng.choice(ids)})
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN == NaN here
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["dev", "heldout"])
+def test_identical_to_the_shared_scorer(name: str) -> None:
+    shared = _shared_scorer()
+    assert SHARED is not None
+    cases = _load(SHARED / "dev.jsonl" if name == "dev" else HELDOUT)
+    rng = random.Random(12)
+    runs = [[], [{"id": c["id"], **c["expected"]} for c in cases]]
+    runs += [_random_predictions(cases, rng) for _ in range(20)]
+    runs += [_realish_predictions(cases, rng) for _ in range(20)]
+    runs.append(_realish_predictions(cases, rng)[: len(cases) // 2])  # half the cases missing
+    for preds in runs:
+        ours, theirs = score(cases, preds), shared.score(cases, preds)
+        assert list(ours) == list(theirs)
+        assert _same(ours, theirs), (ours, theirs)
+    # the labels themselves score perfectly, and no run above is trivially equal to another
+    assert score(cases, runs[1])["accuracy"] == 1.0
+    assert len({json.dumps(score(cases, p), sort_keys=True) for p in runs}) == len(runs)
