@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pg import pg_cluster, pg_dsn  # noqa: F401 - the PostgreSQL server fixtures
 
 CACHE = Path(os.environ.get("MEMGATE_HOME", Path.home() / ".cache" / "memgate"))
 
