@@ -28,6 +28,7 @@ def _engine_settings(args: argparse.Namespace) -> Any:
 
     return EngineSettings(
         data_dir=Path(args.data_dir),
+        store_spec=getattr(args, "store", None) or None,
         cache_dir=Path(args.cache_dir),
         models=ModelChoice(
             embedder_variant=args.embedder_variant,
@@ -44,6 +45,12 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--data-dir",
         default=os.environ.get("MEMGATE_DATA", "memgate-data"),
         help="directory of the store (default: $MEMGATE_DATA or ./memgate-data)",
+    )
+    p.add_argument(
+        "--store",
+        default=os.environ.get("MEMGATE_STORE"),
+        help="a postgresql:// DSN shared by replicas (default: $MEMGATE_STORE; unset: SQLite "
+        "in --data-dir)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")

@@ -30,7 +30,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -430,6 +430,11 @@ class SQLiteStore:
             raise StorageError(
                 "the store failed earlier and accepts no more calls; restart to recover"
             )
+
+    @contextmanager
+    def lock_namespaces(self, namespaces: Iterable[str]) -> Iterator[None]:
+        """A no-op: one process owns a SQLite file, and its writes are serialised already."""
+        yield
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -959,6 +964,26 @@ class SQLiteStore:
                 "SELECT COALESCE(MAX(seq), 0) FROM events WHERE namespace = ?", (namespace,)
             ).fetchone()
         return int(row[0])
+
+    def changes_since(self, namespace: str, after_seq: int) -> tuple[int, np.ndarray]:
+        """``(seq, rowids)``: the namespace's newest event seq, and the sorted rowids of every
+        memory an event after ``after_seq`` added, replaced, restored or removed."""
+        _check_namespace(namespace)
+        with self._reading("changes_since") as conn:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE namespace = ?", (namespace,)
+            ).fetchone()
+            seq = int(row[0])
+            if seq <= after_seq:
+                return seq, np.empty(0, dtype=np.int64)
+            rows = conn.execute(
+                "SELECT m.rowid FROM events e JOIN memories m ON m.id = e.memory_id "
+                "WHERE e.namespace = ?1 AND e.seq > ?2 AND e.seq <= ?3 "
+                "UNION SELECT m.rowid FROM events e JOIN memories m ON m.id = e.target_id "
+                "WHERE e.namespace = ?1 AND e.seq > ?2 AND e.seq <= ?3 ORDER BY 1",
+                (namespace, after_seq, seq),
+            ).fetchall()
+        return seq, np.fromiter((r for (r,) in rows), dtype=np.int64, count=len(rows))
 
     def active_rowids(self, namespace: str) -> np.ndarray:
         """int64 rowids of the namespace's active memories with an embedding, sorted: the
