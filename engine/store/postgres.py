@@ -192,6 +192,11 @@ class PostgresSettings:
     connect_timeout_s: float = 5.0
     """How long opening the store, or a call waiting for a connection, may take before the
     store is reported unreachable (``StoreUnreachable``)."""
+    wait_s: float = 2.0
+    """How long a call waits for a free or new connection before it fails with
+    ``StoreUnreachable`` (short: a lost database must answer UNAVAILABLE within a client's
+    deadline, not hang it). Failed reconnections are retried for as long, then afresh by the
+    next call, so the store reconnects within about this long once the database is back."""
     lock_timeout_s: float = 60.0
     """How long a writer waits for another replica's lock on a namespace before giving up
     with ``Unavailable`` (a retry can succeed)."""
@@ -203,6 +208,8 @@ class PostgresSettings:
             raise InvalidInput(
                 f"connect_timeout_s must be in [0.1, 600], got {self.connect_timeout_s}"
             )
+        if not 0.1 <= self.wait_s <= 600:
+            raise InvalidInput(f"wait_s must be in [0.1, 600], got {self.wait_s}")
         if not 0.01 <= self.lock_timeout_s <= 3600:
             raise InvalidInput(f"lock_timeout_s must be in [0.01, 3600], got {self.lock_timeout_s}")
 
@@ -290,8 +297,8 @@ class PostgresStore:
                 "options": f"-c lock_timeout={lock_ms}",
             },
             check=ConnectionPool.check_connection,
-            timeout=pg.connect_timeout_s,
-            reconnect_timeout=24 * 3600.0,
+            timeout=pg.wait_s,
+            reconnect_timeout=max(2.0, pg.wait_s),
             name="memgate-store",
         )
         try:
