@@ -186,7 +186,7 @@ _EVENT_SQL = (
 class PostgresSettings:
     """How the PostgreSQL store connects. Every field has a safe default."""
 
-    pool_size: int = 12
+    pool_size: int = 16
     """Most connections this process holds open. The gate holds one from a decision to its
     commit and reads through others, so keep it above twice the concurrent writers."""
     connect_timeout_s: float = 5.0
