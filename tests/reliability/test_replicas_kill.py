@@ -253,6 +253,8 @@ def test_a_lost_database_is_unavailable_then_recovers_by_itself(
         assert server.alive(), server.tail()
     finally:
         server.kill()
+    # The server logged the outage (the pool's reconnection attempts) without the password.
+    assert pg_cluster.password not in "\n".join(server.log)
     with open_store(pg_dsn) as store:
         by_id = {m.id: m for m in stored(store, "outage")}
     lost = [t for t, i in acked.items() if i not in by_id or by_id[i].text != t]
