@@ -152,6 +152,7 @@ class MemgateServer:
         self._stopping: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._store_watch: asyncio.Task[None] | None = None
         self.batcher: Batcher[ModelWork, Any] = Batcher(
             lambda group, works: run_model_batch(gate, group, works),
             s.batching,
@@ -244,8 +245,8 @@ class MemgateServer:
 
     async def _stop(self, grace: float | None) -> None:
         grace = self.settings.grace_s if grace is None else grace
-        for task in list(self._background):
-            task.cancel()
+        if self._store_watch is not None:
+            self._store_watch.cancel()
         await self.health.enter_graceful_shutdown()
         drained = await self._interceptor.drain(grace)
         log.info(
@@ -322,9 +323,7 @@ class MemgateServer:
                         await self.health.set(name, SERVING if up else NOT_SERVING)
                 await asyncio.sleep(0.5)
 
-        task = asyncio.get_running_loop().create_task(watch())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._store_watch = asyncio.get_running_loop().create_task(watch())
 
     def _worker_died(self, exc: BaseException) -> None:
         log.error("the engine stopped (fail-stop); health is NOT_SERVING until restart")
