@@ -19,7 +19,8 @@ with a ``[part]`` prefix and kept in ``<part>/log.txt``. At the end the suite wr
 
 Parts: ``runtime`` (bench_runtime.py), ``gate`` (bench_gate.py), ``grpc`` (bench_grpc.py),
 ``backfill`` (bench_backfill.py; in quick mode on 1,000 facts), ``quality`` (bench_quality.py:
-both policies for each real NLI model on ../shared/eval/dev.jsonl) and ``gpu`` (bench_runtime.py
+both policies for each real NLI model on ../shared/eval/dev.jsonl), ``scale`` (bench_scale.py:
+PostgreSQL vs SQLite) and ``gpu`` (bench_runtime.py
 ``--device cuda``; skipped with a line saying why when onnxruntime has no CUDA provider).
 """
 
@@ -59,25 +60,35 @@ from _common import (  # noqa: E402
 __all__ = ["PARTS", "Plan", "main", "parse_args", "plan_part", "select_parts"]
 
 BENCH = Path(__file__).resolve().parent
-PARTS = ("runtime", "gate", "grpc", "backfill", "quality", "gpu")
+PARTS = ("runtime", "gate", "grpc", "backfill", "quality", "scale", "gpu")
 SCRIPTS = {
     "runtime": "bench_runtime.py",
     "gate": "bench_gate.py",
     "grpc": "bench_grpc.py",
     "backfill": "bench_backfill.py",
     "quality": "bench_quality.py",
+    "scale": "bench_scale.py",
     "gpu": "bench_runtime.py",
 }
 # Rough seconds per part on a quiet 2-core machine, used until a run of the same mode has been
 # measured in the output folder (then that run's durations are used).
 TYPICAL_S = {
-    "smoke": {"runtime": 120, "gate": 150, "grpc": 60, "backfill": 60, "quality": 45, "gpu": 120},
+    "smoke": {
+        "runtime": 120,
+        "gate": 150,
+        "grpc": 60,
+        "backfill": 60,
+        "quality": 45,
+        "scale": 90,
+        "gpu": 120,
+    },
     "quick": {
         "runtime": 240,
         "gate": 480,
         "grpc": 120,
         "backfill": 240,
         "quality": 180,
+        "scale": 600,
         "gpu": 180,
     },
     "full": {
@@ -86,6 +97,7 @@ TYPICAL_S = {
         "grpc": 360,
         "backfill": 14400,
         "quality": 180,
+        "scale": 1200,
         "gpu": 600,
     },
 }
@@ -97,6 +109,7 @@ ARTEFACTS: dict[str, list[tuple[str, str]]] = {
     "runtime": [("minilm", v) for v in ("fp32", "optimized", "int8")]
     + [("nli-deberta-v3-small", v) for v in ("fp32", "int8")],
     "gate": [("minilm", "fp32"), ("aegis-nli", "imported"), ("nli-deberta-v3-small", "int8")],
+    "scale": [("minilm", "fp32"), ("aegis-nli", "imported")],
     "gpu": [("minilm", v) for v in ("fp32", "fp16")]
     + [("nli-deberta-v3-small", v) for v in ("fp32", "fp16")],
     "grpc": [("minilm", "fp32")],
@@ -269,6 +282,11 @@ def plan_part(
     elif part == "gpu":
         plan.command = [*script, "--device", "cuda", *flags, *threads, *out]
     elif part == "gate":
+        plan.command = [*script, *flags, *threads, *out]
+    elif part == "scale":
+        if not (_has("psycopg") and _has("psycopg_pool")):
+            plan.reason = "scale skipped: the PostgreSQL store needs the postgres extra"
+            return plan
         plan.command = [*script, *flags, *threads, *out]
     elif part == "grpc":
         plan.command = [*script, *flags, *out]

@@ -12,7 +12,7 @@ from engine.pipeline.layout import DEFAULT_CACHE_DIR
 from engine.runtime.base import BatchSettings
 from engine.runtime.loader import ModelChoice, load_models
 from engine.runtime.session import SessionSettings
-from engine.store import SQLiteStore, StoreSettings
+from engine.store import StoreSettings, open_store
 
 __all__ = ["Engine", "EngineSettings", "open_engine"]
 
@@ -31,6 +31,10 @@ class EngineSettings:
     gate: GateSettings = field(default_factory=GateSettings)
     index: IndexSettings = field(default_factory=IndexSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    store_spec: str | None = None
+    """The store: None for ``memgate.db`` in ``data_dir`` (SQLite), or a ``postgresql://``
+    DSN shared by several replicas (``--store`` / ``MEMGATE_STORE``). Index snapshots stay
+    per replica, in ``data_dir``."""
     snapshots: bool = True
     """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads
     them (verified, reconciled) instead of rebuilding; ``IndexSettings.snapshot_min_vectors``
@@ -64,15 +68,18 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
     nli.warmup()
     path = db_path or Path(settings.data_dir) / "memgate.db"
     path.parent.mkdir(parents=True, exist_ok=True)
-    store = SQLiteStore(path, settings.store)
+    # A postgresql:// DSN (settings.store_spec) is shared by replicas: indexes follow its log.
+    store = open_store(db_path or settings.store_spec or path, settings.store)
+    follow = store if getattr(store, "shared", False) else None
     if settings.snapshots:
-        # Next to the database they derive from; the server verifies them before SERVING.
+        # Next to the data they derive from; the server verifies them before SERVING.
         index = IndexManager(
             store.iter_active_embeddings,
             settings.index,
             snapshot_dir=path.parent / "index",
             source=store,
+            follow=follow,
         )
     else:
-        index = IndexManager(store.iter_active_embeddings, settings.index)
+        index = IndexManager(store.iter_active_embeddings, settings.index, follow=follow)
     return Engine(Gate(store, index, embedder, nli, settings.gate), settings)

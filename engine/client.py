@@ -72,6 +72,25 @@ _RETRY_CONFIG = json.dumps(
 )
 
 
+def _targets(target: str | Sequence[str]) -> tuple[str, bool]:
+    """The gRPC target for one server or several replicas, and whether there are several."""
+    if isinstance(target, str):
+        if target.startswith("ipv4:"):
+            return target, "," in target
+        parts = [t.strip() for t in target.split(",") if t.strip()]
+    else:
+        parts = [t.strip() for t in target]
+    if not parts:
+        raise InvalidInput("no target: give host:port, or several for replicas")
+    if len(parts) == 1:
+        return parts[0], False
+    return "ipv4:" + ",".join(parts), True
+
+
+def _with_round_robin(config: str) -> str:
+    return json.dumps({**json.loads(config), "loadBalancingConfig": [{"round_robin": {}}]})
+
+
 _BACKOFF_S = 0.05
 """First retry pause bound of an idempotent call (full jitter), doubled per attempt."""
 _MAX_BACKOFF_S = 1.0
@@ -108,7 +127,14 @@ def _translate(err: grpc.RpcError) -> MemgateError:
 
 
 class MemgateClient:
-    """One channel to one server. Thread-safe; close it (or use ``with``) when done.
+    """One channel to one server, or to several replicas. Thread-safe; close it (or use
+    ``with``) when done.
+
+    ``target``: ``host:port``, or several replicas as a sequence of them, a comma-separated
+    list, or a gRPC ``ipv4:h1:p1,h2:p2`` target. Several replicas are balanced round-robin over
+    one channel; a call answered UNAVAILABLE by one (killed, draining, its database lost) is
+    retried on the next, under the rule below (only writes whose facts all carry idempotency
+    keys, and only while ``write_attempts`` and the deadline last).
 
     ``tls``: False for plaintext, True for TLS with the system roots, or PEM bytes of the root
     certificate to trust. ``tls_server_name`` overrides the name checked against the
@@ -135,7 +161,7 @@ class MemgateClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         token: str | None = None,
         tls: bool | bytes = False,
         *,
@@ -159,8 +185,12 @@ class MemgateClient:
             ("grpc.min_reconnect_backoff_ms", _RECONNECT_MIN_MS),
             ("grpc.max_reconnect_backoff_ms", _RECONNECT_MAX_MS),
         ]
+        target, replicas = _targets(target)
         if retry:
-            options += [("grpc.enable_retries", 1), ("grpc.service_config", _RETRY_CONFIG)]
+            config = _RETRY_CONFIG if not replicas else _with_round_robin(_RETRY_CONFIG)
+            options += [("grpc.enable_retries", 1), ("grpc.service_config", config)]
+        elif replicas:
+            options.append(("grpc.service_config", _with_round_robin("{}")))
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
         if tls is False:

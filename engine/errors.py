@@ -17,6 +17,8 @@
     ├── StorageError              the store could not persist (I/O error, failed fsync); fail-stop
     │   └── StorageFull           the disk is full; fail-stop too
     └── Unavailable               the engine is shutting down or not yet serving
+        └── StoreUnreachable      the store's database server cannot be reached (connection
+                                  lost, server restarting); retryable, never fail-stop
 
 Lower-level errors (sqlite3, onnxruntime, faiss) are translated into these at the module
 boundary that imports them. The gRPC layer maps each class to exactly one status code in one
@@ -37,6 +39,7 @@ __all__ = [
     "PermissionDenied",
     "StorageError",
     "StorageFull",
+    "StoreUnreachable",
     "Unauthenticated",
     "Unavailable",
 ]
@@ -95,3 +98,13 @@ class StorageFull(StorageError):
 
 class Unavailable(MemgateError):
     """The engine is starting, draining, or stopped after a storage failure."""
+
+
+class StoreUnreachable(Unavailable):
+    """The store's database server (PostgreSQL) cannot be reached: refused, lost or restarting.
+
+    Unlike ``StorageError`` this is not fail-stop. The database itself decides what is durable;
+    a call that failed this way wrote nothing the server acknowledged (a commit whose
+    acknowledgement was lost is found again by its idempotency key), and the store reconnects
+    by itself when the database returns. The server turns health NOT_SERVING while the store
+    is unreachable and SERVING again once it answers. gRPC: UNAVAILABLE."""

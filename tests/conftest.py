@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _pg import pg_cluster, pg_dsn  # noqa: F401 - the PostgreSQL server fixtures
 
 from engine.cli.common import default_cache_dir
 

@@ -1,8 +1,9 @@
 """What every ``memgate`` command shares: the cache default, global, engine and client flags.
 
 The only module that reads the environment for them (``MEMGATE_HOME``, ``MEMGATE_DATA``,
-``MEMGATE_LOG``, ``MEMGATE_TOKEN``). Imports nothing heavy and no other ``engine.cli``
-module, so every command module (and ``engine.pipeline.cli``) may import it without a cycle.
+``MEMGATE_STORE``, ``MEMGATE_LOG``, ``MEMGATE_TOKEN``). Imports nothing heavy and no other
+``engine.cli`` module, so every command module (and ``engine.pipeline.cli``) may import it
+without a cycle.
 
 Flags that make sense on the top-level parser and on a subcommand (``--cache-dir``,
 ``--log-level``; ``--target``, ``--token``... on ``client`` and on each RPC) are added twice:
@@ -86,6 +87,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("MEMGATE_DATA", "memgate-data"),
         help="directory of the store (default: $MEMGATE_DATA or ./memgate-data)",
     )
+    p.add_argument(
+        "--store",
+        default=os.environ.get("MEMGATE_STORE"),
+        help="a postgresql:// DSN shared by replicas (default: $MEMGATE_STORE; unset: SQLite "
+        "in --data-dir)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
@@ -106,6 +113,7 @@ def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
 
     return EngineSettings(
         data_dir=Path(args.data_dir),
+        store_spec=getattr(args, "store", None) or None,
         cache_dir=Path(args.cache_dir).expanduser(),
         models=ModelChoice(
             embedder_variant=args.embedder_variant,

@@ -136,6 +136,8 @@ class Gate:
         with ExitStack() as stack:
             for lock in locks:
                 stack.enter_context(lock)
+            if hasattr(self.store, "lock_namespaces"):  # across replicas (PostgreSQL)
+                stack.enter_context(self.store.lock_namespaces(namespaces))
             yield
 
     # -- triage --------------------------------------------------------------------------

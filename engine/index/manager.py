@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from engine.index.snapshot import (
     write_atomic,
 )
 
-__all__ = ["IndexManager", "IndexStats", "Loader", "NamespaceStats", "RecoveryReport"]
+__all__ = ["Follow", "IndexManager", "IndexStats", "Loader", "NamespaceStats", "RecoveryReport"]
 
 log = logging.getLogger("memgate.index")
 
@@ -92,6 +92,8 @@ class IndexStats:
     snapshots_rejected: int = 0
     """Snapshots that failed verification and were quarantined."""
     snapshots_written: int = 0
+    caught_up: int = 0
+    """Catch-ups that applied another process's events to a loaded index (followed stores)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class _Outcome:
 
 
 class _Entry:
-    __slots__ = ("accounted", "index", "lock", "pins")
+    __slots__ = ("accounted", "index", "lock", "pins", "seq")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -144,6 +146,20 @@ class _Entry:
         self.pins = 0
         self.accounted = 0
         """The index's bytes as last counted into the manager's total."""
+        self.seq = 0
+        """The store's event seq the index is known to reflect (followed stores only)."""
+
+
+class Follow(Protocol):
+    """A store other processes write too (PostgreSQL): what catching up on its log needs."""
+
+    def namespace_seq(self, namespace: str) -> int: ...
+
+    def changes_since(self, namespace: str, after_seq: int) -> tuple[int, np.ndarray]: ...
+
+    def active_embeddings(
+        self, namespace: str, rowids: Sequence[int] | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 class IndexManager:
@@ -152,6 +168,12 @@ class IndexManager:
     ``snapshot_dir`` and ``source`` (the store: ``namespace_seq``, ``active_rowids``,
     ``active_embeddings``) go together and turn snapshots on; without them every load is a
     build from ``loader``.
+
+    ``follow`` (a store other processes write too, e.g. PostgreSQL shared by replicas): before
+    each search a loaded namespace catches up on the store's events after the seq its index
+    reflects (``changes_since``): the memories they touched are added if active, removed if
+    not. So a replica never decides or recalls on a cache older than the store was when the
+    search began; the gate's cross-replica lock makes that the newest state for a write.
     """
 
     def __init__(
@@ -161,6 +183,7 @@ class IndexManager:
         *,
         snapshot_dir: str | Path | None = None,
         source: SnapshotSource | None = None,
+        follow: Follow | None = None,
     ) -> None:
         if (snapshot_dir is None) != (source is None):
             raise InvalidInput("snapshot_dir and source go together")
@@ -168,6 +191,8 @@ class IndexManager:
         self._settings = settings
         self._dir = None if snapshot_dir is None else Path(snapshot_dir)
         self._source = source
+        self._follow = follow
+        self._caught_up = 0
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -222,8 +247,13 @@ class IndexManager:
         outcome = outcome or _Outcome()
         try:
             with entry.lock:
+                follow = self._follow if load else None
                 if entry.index is None and load:
+                    # The seq is read before the load: the index holds at least that state.
+                    entry.seq = 0 if follow is None else follow.namespace_seq(namespace)
                     self._install(namespace, entry, self._obtain(namespace, outcome))
+                elif follow is not None and entry.index is not None:
+                    self._catch_up(namespace, entry, follow)
                 yield entry
         finally:
             with self._lock:
@@ -247,6 +277,28 @@ class IndexManager:
             entry.index = index
             self._account(entry)
             self._shrink(keep=namespace)
+
+    def _catch_up(self, namespace: str, entry: _Entry, follow: Follow) -> None:
+        """Apply the store's events after ``entry.seq`` to the loaded index (entry locked).
+
+        Events of one namespace commit in seq order (the store's namespace lock), so nothing
+        before ``seq`` can appear later. Re-applying this process's own writes is harmless:
+        ``add`` skips present rowids and ``remove`` absent ones."""
+        index = entry.index
+        assert index is not None
+        seq, touched = follow.changes_since(namespace, entry.seq)
+        if seq <= entry.seq:
+            return
+        touched = np.asarray(touched, dtype=np.int64)
+        if len(touched):
+            rows, vecs = follow.active_embeddings(namespace, touched)
+            rows = np.asarray(rows, dtype=np.int64)
+            index.remove(np.setdiff1d(touched, rows))
+            if len(rows):
+                index.add(rows, np.asarray(vecs, dtype=np.float32))
+        entry.seq = seq
+        with self._lock:
+            self._caught_up += 1
 
     def _account(self, entry: _Entry) -> None:
         """Refresh the entry's share of the total (manager lock held)."""
@@ -677,6 +729,8 @@ class IndexManager:
         """Rebuild a namespace from the loader now (e.g. when it ``needs_rebuild``)."""
         with self._use(namespace, load=False) as entry:
             if entry is not None:
+                if self._follow is not None:
+                    entry.seq = self._follow.namespace_seq(namespace)
                 index = self._build(namespace)
                 self._install(namespace, entry, index)
                 stats = _stats(namespace, index)
@@ -721,6 +775,7 @@ class IndexManager:
                 snapshots_reconciled=self._reconciled,
                 snapshots_rejected=self._rejected,
                 snapshots_written=self._written,
+                caught_up=self._caught_up,
             )
 
 

@@ -152,6 +152,7 @@ class MemgateServer:
         self._stopping: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
+        self._store_watch: asyncio.Task[None] | None = None
         self.batcher: Batcher[ModelWork, Any] = Batcher(
             lambda group, works: run_model_batch(gate, group, works),
             s.batching,
@@ -217,6 +218,7 @@ class MemgateServer:
         self._server = server
         for name in ("", SERVICE_NAME):
             await self.health.set(name, SERVING)
+        self._watch_store()
         log.info(
             "serving",
             extra={
@@ -240,6 +242,8 @@ class MemgateServer:
 
     async def _stop(self, grace: float | None) -> None:
         grace = self.settings.grace_s if grace is None else grace
+        if self._store_watch is not None:
+            self._store_watch.cancel()
         await self.health.enter_graceful_shutdown()
         drained = await self._interceptor.drain(grace)
         log.info(
@@ -296,6 +300,27 @@ class MemgateServer:
     def _batch_done(self, batch: Any, seconds: float) -> None:
         self.permits.observe(batch.facts, seconds)
         self.metrics.observe_batch(batch.facts, len(batch.entries))
+
+    def _watch_store(self) -> None:
+        """A store on a database server (PostgreSQL) can be lost and come back: health says
+        NOT_SERVING while it does not answer and SERVING again once it does (a lost database
+        is ``StoreUnreachable``, retryable; a failed disk stays fail-stop)."""
+        ping = getattr(getattr(self.gate, "store", None), "ping", None)
+        if ping is None:
+            return
+
+        async def watch() -> None:
+            serving = True
+            while self._stopping is None and self.batcher.alive:
+                up = await asyncio.to_thread(ping, 1.0)
+                if up != serving and self._stopping is None and self.batcher.alive:
+                    serving = up
+                    log.warning("store reachable" if up else "store unreachable; NOT_SERVING")
+                    for name in ("", SERVICE_NAME):
+                        await self.health.set(name, SERVING if up else NOT_SERVING)
+                await asyncio.sleep(0.5)
+
+        self._store_watch = asyncio.get_running_loop().create_task(watch())
 
     def _worker_died(self, exc: BaseException) -> None:
         log.error("the engine stopped (fail-stop); health is NOT_SERVING until restart")

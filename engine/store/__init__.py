@@ -1,6 +1,8 @@
 """The store: the source of truth for memories, events, the review queue and idempotency.
 
-:class:`Store` is the protocol the gate depends on; :class:`SQLiteStore` implements it.
+:class:`Store` is the protocol the gate depends on; :class:`SQLiteStore` implements it on one
+file, ``engine.store.postgres.PostgresStore`` on a PostgreSQL database shared by replicas (the
+``postgres`` extra). :func:`open_store` opens either from a path or a ``postgresql://`` DSN.
 """
 
 from engine.store.base import (
@@ -18,6 +20,7 @@ from engine.store.base import (
     new_memory_id,
     new_review_id,
 )
+from engine.store.factory import is_dsn, mask_dsn, open_store
 from engine.store.sqlite import SCHEMA_VERSION, SQLiteStore
 
 __all__ = [
@@ -34,6 +37,9 @@ __all__ = [
     "UndoResult",
     "Write",
     "WriteResult",
+    "is_dsn",
+    "mask_dsn",
     "new_memory_id",
     "new_review_id",
+    "open_store",
 ]

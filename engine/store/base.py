@@ -6,14 +6,15 @@ cache of the *active* memories' embeddings, keyed by the store's int64 ``rowid``
 defines the values that let the index follow each change (``rowid``, ``superseded_rowid``,
 ``restored_embedding``...).
 
-Pure: no I/O here. ``SQLiteStore`` (``engine.store.sqlite``) implements :class:`Store`; a
-PostgreSQL backend can implement the same protocol later.
+Pure: no I/O here. ``SQLiteStore`` (``engine.store.sqlite``) and ``PostgresStore``
+(``engine.store.postgres``, shared by several replicas) implement :class:`Store`.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -291,4 +292,17 @@ class Store(Protocol):
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(rowids int64 [n], vectors float32 [n, d])`` of the active memories among
         ``rowids``, by rowid."""
+        ...
+
+    def changes_since(self, namespace: str, after_seq: int) -> tuple[int, np.ndarray]:
+        """``(seq, rowids)``: the namespace's newest event seq, and the sorted rowids of the
+        memories the events after ``after_seq`` touched. A replica's index at ``after_seq``
+        is current again once it holds exactly the active ones of them (``active_embeddings``).
+        """
+        ...
+
+    def lock_namespaces(self, namespaces: Iterable[str]) -> AbstractContextManager[None]:
+        """Hold the namespaces' write lock across processes from a decision to its commit;
+        the next write of them on this thread commits inside it. A no-op where one process
+        owns the store (SQLite)."""
         ...

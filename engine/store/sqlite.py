@@ -30,7 +30,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +46,26 @@ from engine.errors import (
     StorageFull,
     Unavailable,
 )
+from engine.store._codec import (
+    _MEMORY_COLUMNS,
+    _RESOLVED_STATUS,
+    _REVIEW_COLUMNS,
+    _blob,
+    _check_limit,
+    _check_namespace,
+    _dumps,
+    _fact,
+    _fact_json,
+    _loads_dict,
+    _memory,
+    _result,
+    _result_json,
+    _review,
+    _scrub,
+    _stack,
+    _vector,
+    _wanted,
+)
 from engine.store.base import (
     RESOLUTIONS,
     REVIEW_STATUSES,
@@ -60,7 +80,7 @@ from engine.store.base import (
     new_memory_id,
     new_review_id,
 )
-from engine.types import Event, Fact, Memory, ReviewItem
+from engine.types import Event, Memory, ReviewItem
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore", "StatementHook", "disk_error"]
 
@@ -134,21 +154,7 @@ _SCHEMA: tuple[str, ...] = (
     """,
 )
 
-_MEMORY_COLUMNS = (
-    "id, namespace, kind, text, key, metadata, source, created_at, status, supersedes, "
-    "superseded_by, scores, inferred_key"
-)
-_REVIEW_COLUMNS = "id, namespace, fact, target_id, scores, status, created_at, resolved_memory_id"
-# SQLite's default limit on bound parameters is 32766; stay far below it.
 _CHUNK = 500
-_MAX_LIMIT = 10_000
-_RESOLVED_STATUS: dict[str, str] = {
-    "accept": "accepted",
-    "keep_both": "kept_both",
-    "reject": "rejected",
-}
-# Keys of a score record that hold (normalised) text of the fact: erased by forget.
-_TEXT_SCORE_KEYS = ("hypothesis",)
 
 
 # Primary result codes after which the connection's view of the file cannot be trusted.
@@ -256,137 +262,6 @@ class _Connection(sqlite3.Connection):
         cursor = super().execute(sql, parameters)
         hook.after(sql)
         return cursor
-
-
-def _json_default(value: Any) -> Any:
-    # numpy scalars reach score records (np.float32 similarities); store them as plain numbers.
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
-
-def _dumps(value: Any, what: str) -> str:
-    try:
-        return json.dumps(
-            value, allow_nan=False, sort_keys=True, separators=(",", ":"), default=_json_default
-        )
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what} must be JSON-serialisable: {exc}") from None
-
-
-def _loads_dict(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    value = json.loads(text)
-    return value if isinstance(value, dict) else {}
-
-
-def _blob(vec: np.ndarray | None) -> bytes | None:
-    if vec is None:
-        return None
-    return np.ascontiguousarray(vec, dtype="<f4").tobytes()
-
-
-def _vector(blob: bytes | None) -> np.ndarray | None:
-    if blob is None:
-        return None
-    return np.frombuffer(blob, dtype="<f4").astype(np.float32)
-
-
-def _memory(row: Sequence[Any]) -> Memory:
-    return Memory(
-        id=row[0],
-        namespace=row[1],
-        kind=row[2],
-        text=row[3],
-        key=row[4],
-        metadata=_loads_dict(row[5]),
-        source=row[6],
-        created_at=row[7],
-        status=row[8],
-        supersedes=row[9],
-        superseded_by=row[10],
-        scores=_loads_dict(row[11]),
-        inferred_key=row[12],
-    )
-
-
-def _fact_json(fact: Fact) -> str:
-    return _dumps(
-        {
-            "namespace": fact.namespace,
-            "text": fact.text,
-            "kind": fact.kind,
-            "key": fact.key,
-            "metadata": fact.metadata,
-            "source": fact.source,
-            "idempotency_key": fact.idempotency_key,
-        },
-        "metadata",
-    )
-
-
-def _fact(text: str) -> Fact:
-    d = json.loads(text)
-    return Fact(
-        namespace=d["namespace"],
-        text=d["text"],
-        kind=d["kind"],
-        key=d.get("key"),
-        metadata=d.get("metadata") or {},
-        source=d.get("source"),
-        idempotency_key=d.get("idempotency_key"),
-    )
-
-
-def _review(row: Sequence[Any]) -> ReviewItem:
-    return ReviewItem(
-        id=row[0],
-        namespace=row[1],
-        fact=_fact(row[2]),
-        target_id=row[3],
-        scores=_loads_dict(row[4]),
-        status=row[5],
-        created_at=row[6],
-        resolved_memory_id=row[7],
-    )
-
-
-def _result_json(result: WriteResult) -> str:
-    return _dumps(
-        {
-            "action": result.action,
-            "memory_id": result.memory_id,
-            "target_id": result.target_id,
-            "review_id": result.review_id,
-            "rowid": result.rowid,
-            "superseded_rowid": result.superseded_rowid,
-        },
-        "result",
-    )
-
-
-def _result(text: str) -> WriteResult:
-    d = json.loads(text)
-    return WriteResult(
-        action=d["action"],
-        memory_id=d.get("memory_id"),
-        target_id=d.get("target_id"),
-        review_id=d.get("review_id"),
-        rowid=d.get("rowid"),
-        superseded_rowid=d.get("superseded_rowid"),
-        replayed=True,
-    )
-
-
-def _check_namespace(namespace: str) -> None:
-    if not isinstance(namespace, str) or not namespace:
-        raise InvalidInput("namespace must be a non-empty string")
-
-
-def _check_limit(limit: int) -> None:
-    if not 1 <= limit <= _MAX_LIMIT:
-        raise InvalidInput(f"limit must be in [1, {_MAX_LIMIT}], got {limit}")
 
 
 class SQLiteStore:
@@ -555,6 +430,11 @@ class SQLiteStore:
             raise StorageError(
                 "the store failed earlier and accepts no more calls; restart to recover"
             )
+
+    @contextmanager
+    def lock_namespaces(self, namespaces: Iterable[str]) -> Iterator[None]:
+        """A no-op: one process owns a SQLite file, and its writes are serialised already."""
+        yield
 
     # -- writes ----------------------------------------------------------------------------
 
@@ -1085,6 +965,26 @@ class SQLiteStore:
             ).fetchone()
         return int(row[0])
 
+    def changes_since(self, namespace: str, after_seq: int) -> tuple[int, np.ndarray]:
+        """``(seq, rowids)``: the namespace's newest event seq, and the sorted rowids of every
+        memory an event after ``after_seq`` added, replaced, restored or removed."""
+        _check_namespace(namespace)
+        with self._reading("changes_since") as conn:
+            row = conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE namespace = ?", (namespace,)
+            ).fetchone()
+            seq = int(row[0])
+            if seq <= after_seq:
+                return seq, np.empty(0, dtype=np.int64)
+            rows = conn.execute(
+                "SELECT m.rowid FROM events e JOIN memories m ON m.id = e.memory_id "
+                "WHERE e.namespace = ?1 AND e.seq > ?2 AND e.seq <= ?3 "
+                "UNION SELECT m.rowid FROM events e JOIN memories m ON m.id = e.target_id "
+                "WHERE e.namespace = ?1 AND e.seq > ?2 AND e.seq <= ?3 ORDER BY 1",
+                (namespace, after_seq, seq),
+            ).fetchall()
+        return seq, np.fromiter((r for (r,) in rows), dtype=np.int64, count=len(rows))
+
     def active_rowids(self, namespace: str) -> np.ndarray:
         """int64 rowids of the namespace's active memories with an embedding, sorted: the
         set ``iter_active_embeddings`` returns, without reading the vectors."""
@@ -1120,11 +1020,6 @@ class SQLiteStore:
         return _stack(namespace, found)
 
 
-def _wanted(rowids: Sequence[int] | np.ndarray) -> list[int]:
-    """The distinct non-negative rowids (negatives are FAISS padding), sorted."""
-    return sorted({int(r) for r in np.asarray(rowids).tolist() if int(r) >= 0})
-
-
 def _rows_in(
     conn: sqlite3.Connection,
     head: str,
@@ -1138,19 +1033,3 @@ def _rows_in(
         chunk = values[start : start + _CHUNK]
         marks = ",".join("?" * len(chunk))
         yield from conn.execute(f"{head} IN ({marks}){tail}", (namespace, *chunk))
-
-
-def _stack(namespace: str, rows: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """``(rowids int64 [n], vectors float32 [n, d])`` from ``(rowid, embedding blob)`` rows."""
-    if not rows:
-        return np.empty(0, dtype=np.int64), np.empty((0, 0), dtype=np.float32)
-    nbytes = len(rows[0][1])
-    if nbytes % 4 or any(len(blob) != nbytes for _, blob in rows):
-        raise StorageError(f"namespace {namespace!r} holds embeddings of mixed dimensions")
-    rowids = np.fromiter((r for r, _ in rows), dtype=np.int64, count=len(rows))
-    flat = np.frombuffer(b"".join(blob for _, blob in rows), dtype="<f4")
-    return rowids, flat.astype(np.float32).reshape(len(rows), nbytes // 4)
-
-
-def _scrub(scores: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in scores.items() if k not in _TEXT_SCORE_KEYS}

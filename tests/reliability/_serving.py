@@ -247,20 +247,22 @@ def gate_writer(
     db: str, cache: str, namespace: str, key: str, tag: str, rounds: int, threads: int
 ) -> tuple[list[Acked], dict[str, int]]:
     """An engine of its own (models, store connection, index, gate) over the shared database
-    file ``db``: ``threads`` threads write ``rounds`` keyed updates and episodes each. Errors
-    are counted by class; a SQLITE_BUSY ("database is locked") one separately."""
+    ``db`` (a SQLite file, or a PostgreSQL DSN): ``threads`` threads write ``rounds`` keyed
+    updates and episodes each. Errors are counted by class; a SQLITE_BUSY ("database is
+    locked") one separately."""
     from pathlib import Path
 
     from engine.errors import MemgateError
     from engine.gate.gate import Gate
     from engine.index import IndexManager
     from engine.runtime.loader import load_models
-    from engine.store import SQLiteStore
+    from engine.store import open_store
     from engine.types import Fact
 
     embedder, nli = load_models(Path(cache))
-    store = SQLiteStore(db)
-    gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
+    store = open_store(db)  # a SQLite file, or a postgresql:// DSN shared by the engines
+    follow = store if getattr(store, "shared", False) else None
+    gate = Gate(store, IndexManager(store.iter_active_embeddings, follow=follow), embedder, nli)
     acked: list[Acked] = []
     errors: Counter[str] = Counter()
     lock = threading.Lock()

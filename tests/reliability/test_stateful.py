@@ -1,6 +1,7 @@
 """Item 6: a stateful property test of the store and the index against a plain model.
 
-A hypothesis ``RuleBasedStateMachine`` drives a real :class:`SQLiteStore` and a real
+A hypothesis ``RuleBasedStateMachine`` drives a real store (:class:`SQLiteStore`, and in a
+second, shorter run :class:`PostgresStore` on a fresh database of a throwaway server) and a real
 :class:`IndexManager` (FAISS, with snapshots) the way the gate does (commit, then move the
 index), across three namespaces, with synthetic unit vectors and no model: adds (some with
 idempotency keys, retried), supersedes (replace), batches that must fail whole, undos, forgets,
@@ -37,7 +38,7 @@ from hypothesis.stateful import (
 
 from engine.errors import Conflict, NotFound
 from engine.index import IndexManager, IndexSettings
-from engine.store import SQLiteStore, Write, new_memory_id
+from engine.store import Write, new_memory_id, open_store
 from engine.types import Fact
 
 NAMESPACES = ("tenant/a", "tenant/b", "tenant/c")
@@ -79,10 +80,14 @@ def unit(seed: int) -> np.ndarray:
 
 
 class StoreMachine(RuleBasedStateMachine):
+    new_database: Any = None
+    """``() -> DSN`` of a fresh PostgreSQL database; None: a SQLite file per example."""
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="memgate-stateful-"))
-        self.db = self.dir / "memgate.db"
+        maker = type(self).new_database
+        self.db: Path | str = self.dir / "memgate.db" if maker is None else maker()
         self.snapshots = self.dir / "index"
         self.mems: dict[str, Mem] = {}
         self.revs: dict[str, Rev] = {}
@@ -96,7 +101,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     # -- plumbing -----------------------------------------------------------------------------
     def _open(self) -> None:
-        self.store = SQLiteStore(self.db)
+        self.store = open_store(self.db)
         self.index = IndexManager(
             self.store.iter_active_embeddings,
             INDEX,
@@ -379,17 +384,35 @@ SETTINGS = settings(
 )
 
 
-def test_store_and_index_follow_a_plain_model(figures: Any) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_store_and_index_follow_a_plain_model(
+    figures: Any, backend: str, request: pytest.FixtureRequest
+) -> None:
     for key in _STATS:
         _STATS[key] = 0
     started = time.monotonic()
+    machine: type[StoreMachine] = StoreMachine
+    run_settings = SETTINGS
+    if backend == "postgres":
+        cluster = request.getfixturevalue("pg_cluster")
+        count = iter(range(1_000_000))
+
+        class PostgresMachine(StoreMachine):
+            new_database = staticmethod(lambda: cluster.create_database(f"stateful_{next(count)}"))
+
+            def teardown(self) -> None:
+                super().teardown()
+                cluster.drop_database(str(self.db).rsplit("/", 1)[1].split("?")[0])
+
+        machine = PostgresMachine
+        run_settings = settings(SETTINGS, max_examples=15)
     failing = 1  # until the run returns: hypothesis raises on the first (shrunk) failure
     try:
-        run_state_machine_as_test(StoreMachine, settings=SETTINGS)
+        run_state_machine_as_test(machine, settings=run_settings)
         failing = 0
     finally:
         figures.record(
-            "6 stateful property test",
+            f"6 stateful property test ({backend})",
             examples=_STATS["examples"],
             steps=_STATS["steps"],
             restarts=_STATS["restarts"],

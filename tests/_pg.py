@@ -1,0 +1,189 @@
+"""A throwaway PostgreSQL cluster for the tests: Debian's ``initdb`` + ``pg_ctl``, a free port,
+127.0.0.1 only, a temporary directory, torn down at the end.
+
+PostgreSQL refuses to run as root, and CI runs as root: then the cluster runs as an
+unprivileged system user (``memgate-pg``, created with ``useradd`` when missing) through
+``runuser``. Without PostgreSQL binaries :func:`find_bin` returns None and the callers skip
+with a message that says how to get them (``.ci/run`` installs Debian's ``postgresql``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+__all__ = ["PgCluster", "find_bin", "free_port", "pg_cluster", "pg_dsn"]
+
+USER = "memgate-pg"
+SKIP_REASON = (
+    "no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package "
+    "(.ci/run does) to run the PostgreSQL store tests"
+)
+
+
+def find_bin() -> Path | None:
+    """The directory holding ``initdb`` and ``pg_ctl`` (newest major version first)."""
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
+    which = shutil.which("pg_ctl")
+    if which:
+        candidates.append(Path(os.path.realpath(which)).parent)
+    for directory in candidates:
+        if (directory / "initdb").exists() and (directory / "pg_ctl").exists():
+            return directory
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ensure_user() -> None:
+    try:
+        subprocess.run(["id", "-u", USER], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+            check=True,
+            capture_output=True,
+        )
+
+
+class PgCluster:
+    """One PostgreSQL server on 127.0.0.1:``port``, its data in a temporary directory.
+
+    ``dsn(db)`` names a database of it (user ``memgate``, password ``secret-pw``: the tests
+    check that the password never appears in errors or logs). ``stop()`` / ``start()`` take the
+    server away and bring it back on the same port (database-outage tests)."""
+
+    password = "secret-pw"
+    user = "memgate"
+
+    def __init__(self, bindir: Path, *, fsync: bool = True) -> None:
+        self.bindir = bindir
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="memgate-pg-"))
+        self.data = self.root / "data"
+        self.log = self.root / "server.log"
+        self._as_root = os.geteuid() == 0
+        if self._as_root:
+            _ensure_user()
+            shutil.chown(self.root, USER, USER)
+        self.root.chmod(0o700)
+        pwfile = self.root / "pw"
+        pwfile.write_text(self.password + "\n")
+        if self._as_root:
+            shutil.chown(pwfile, USER, USER)
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                self.user,
+                "--pwfile",
+                str(pwfile),
+                "-A",
+                "scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-instructions",
+            ]
+        )
+        pwfile.unlink()
+        conf = self.data / "postgresql.conf"
+        with conf.open("a") as f:
+            f.write(
+                "\nlisten_addresses = '127.0.0.1'\n"
+                f"port = {self.port}\n"
+                f"unix_socket_directories = '{self.root}'\n"
+                "max_connections = 200\n"
+                "shared_buffers = 64MB\n"
+                f"fsync = {'on' if fsync else 'off'}\n"
+                "log_min_messages = warning\n"
+            )
+        self.start()
+
+    def _run(self, argv: Sequence[str], timeout: float = 120) -> None:
+        cmd = [str(self.bindir / argv[0]), *argv[1:]]
+        if self._as_root:
+            cmd = ["runuser", "-u", USER, "--", *cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+    def start(self) -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start"])
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(["pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop"])
+
+    def dsn(self, db: str = "postgres") -> str:
+        return (
+            f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/{db}?connect_timeout=5"
+        )
+
+    def create_database(self, name: str) -> str:
+        """A fresh database ``name``; returns its DSN."""
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        """Drop ``name`` even if connections remain (best effort: the cluster is temporary)."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        except psycopg.Error:
+            pass
+
+    def close(self) -> None:
+        deadline = time.monotonic() + 60
+        try:
+            self.stop("immediate")
+        except (RuntimeError, subprocess.TimeoutExpired):
+            pass
+        while time.monotonic() < deadline and (self.data / "postmaster.pid").exists():
+            time.sleep(0.1)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# -- pytest fixtures (imported by tests/conftest.py) ---------------------------------------
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One throwaway PostgreSQL server for the session; skips when there are no binaries."""
+    bindir = find_bin()
+    if bindir is None:
+        pytest.skip(SKIP_REASON)
+    cluster = PgCluster(bindir)
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def pg_dsn(pg_cluster: PgCluster) -> Iterator[str]:
+    """The DSN of a fresh, empty database on the session's server, dropped afterwards."""
+    name = f"t{os.getpid()}_{next(_databases)}"
+    yield pg_cluster.create_database(name)
+    pg_cluster.drop_database(name)
