@@ -1,0 +1,56 @@
+"""A pass-through GateEngine for the wrapper's plumbing tests only: every fact is stored, and a
+fact whose key held a memory replaces it (what a plain store's put does). No models."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.errors import Conflict, NotFound
+from engine.types import Decision, Fact, Memory, ReviewItem
+
+
+class PassThroughEngine:
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self.memories: dict[tuple[str, str], Memory] = {}
+        self.writes = 0
+
+    def write(
+        self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
+    ) -> list[Decision]:
+        self.writes += 1
+        out = []
+        for fact in facts:
+            occupant = fact.metadata.get("langgraph", {}).get("occupant")
+            mid = f"mem_{next(self._ids):06d}"
+            action = "replace" if occupant else "add"
+            self.memories[(fact.namespace, mid)] = Memory(
+                mid, fact.namespace, fact.kind, fact.text, None, dict(fact.metadata), None,
+                0.0, "active", occupant, None, {},
+            )  # fmt: skip
+            out.append(Decision(action, fact, occupant, (), policy, "pass", memory_id=mid))
+        return out
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        return self.memories.get((namespace, memory_id))
+
+    def forget(self, namespace: str, memory_id: str) -> None:
+        if self.memories.pop((namespace, memory_id), None) is None:
+            raise NotFound(memory_id)
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
+        raise Conflict("the pass-through engine keeps no history")
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        return [self.memories[(namespace, memory_id)]]
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
+        return []
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> str | None:
+        raise NotFound(review_id)
+
+    def close(self) -> None:
+        pass
