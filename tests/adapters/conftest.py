@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import warnings
 from collections.abc import Callable
 
 import pytest
 
 from engine.adapters import LocalEngine
+
+# mem0 reads this once, at import: no telemetry (posthog) from the tests.
+os.environ.setdefault("MEM0_TELEMETRY", "False")
 
 if importlib.util.find_spec("trustcall") is not None:
     # trustcall 0.0.39 (LangMem's extractor) imports Send from langgraph.constants, deprecated
