@@ -32,7 +32,9 @@ Namespaces map to memgate by :func:`engine.adapters._common.encode_labels`:
 
 Memory ids and inner keys are mapped durably: each item carries its memory id in its value
 (``GateStoreSettings.id_field``), and each memory keeps its key, the value and the key's
-occupant at decision time in its memgate metadata (``metadata["langgraph"]``).
+occupant at decision time in its memgate metadata (``metadata["langgraph"]``). Reads strip
+the id field, but an inner store that embeds whole values (its index ``fields`` left at the
+default ``["$"]``) embeds the id too: give it the fields to embed (LangMem: ``["content"]``).
 """
 
 from __future__ import annotations
@@ -160,7 +162,19 @@ class _Call(NamedTuple):
     fn: Callable[[], Any]
 
 
+class _Done(NamedTuple):
+    results: list[Result]
+
+
 _Step = Generator[_Inner | _Call, Any, Any]
+
+
+def _resume(steps: _Step, answer: Any, *, throw: bool = False) -> _Inner | _Call | _Done:
+    """The next step of a batch, or its results when it is finished."""
+    try:
+        return steps.throw(answer) if throw else steps.send(answer)
+    except StopIteration as done:
+        return _Done(list(done.value))
 
 
 def _home_key(meta: dict[str, Any], target: str | None) -> str:
@@ -244,26 +258,30 @@ class GatedStore(BaseStore):
     # -- BaseStore ------------------------------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         steps = self._run(list(ops))
-        answer: Any = None
-        try:
-            while True:
-                step = steps.send(answer)
+        step: _Inner | _Call | _Done = next(steps)
+        while not isinstance(step, _Done):
+            try:
                 answer = self.inner.batch(step.ops) if isinstance(step, _Inner) else step.fn()
-        except StopIteration as done:
-            return list(done.value)
+            except Exception as exc:  # handed to the step that failed, which compensates
+                step = _resume(steps, exc, throw=True)
+            else:
+                step = _resume(steps, answer)
+        return step.results
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         steps = self._run(list(ops))
-        answer: Any = None
-        try:
-            while True:
-                step = steps.send(answer)
+        step: _Inner | _Call | _Done = next(steps)
+        while not isinstance(step, _Done):
+            try:
                 if isinstance(step, _Inner):
                     answer = await self.inner.abatch(step.ops)
                 else:
                     answer = await asyncio.to_thread(step.fn)
-        except StopIteration as done:
-            return list(done.value)
+            except Exception as exc:
+                step = _resume(steps, exc, throw=True)
+            else:
+                step = _resume(steps, answer)
+        return step.results
 
     # -- corrections ----------------------------------------------------------------------
     def history(self, namespace: tuple[str, ...], key: str) -> list[Memory]:
@@ -327,15 +345,16 @@ class GatedStore(BaseStore):
 
     # -- the batch, as steps (driven by batch() or abatch()) --------------------------------
     def _run(self, ops: list[Op]) -> _Step:
-        put_at = [i for i, op in enumerate(ops) if isinstance(op, PutOp)]
-        if not put_at:
+        puts = [op for op in ops if isinstance(op, PutOp)]
+        if not puts:
             return self._strip_results(ops, (yield _Inner(ops)))
-        last: dict[tuple[tuple[str, ...], str], int] = {}
-        for i in put_at:  # the last put of a key wins, as in LangGraph's own stores
-            last[(ops[i].namespace, ops[i].key)] = i  # type: ignore[union-attr]
-        plans = {i: self._plan(ops[i]) for i in sorted(last.values())}  # type: ignore[arg-type]
+        # The last put of a key wins, in the order keys were first seen: as LangGraph's stores.
+        last: dict[tuple[tuple[str, ...], str], PutOp] = {}
+        for put in puts:
+            last[(put.namespace, put.key)] = put
+        plans = [self._plan(put) for put in last.values()]
 
-        looked = [p for p in plans.values() if p.mode in ("gated", "forget")]
+        looked = [p for p in plans if p.mode in ("gated", "forget")]
         if looked:
             found = yield _Inner([GetOp(p.op.namespace, p.op.key) for p in looked])
             for plan, item in zip(looked, found, strict=True):
@@ -344,16 +363,13 @@ class GatedStore(BaseStore):
                 if plan.mode == "gated" and plan.occupant is not None:
                     plan.alt_key = f"{plan.op.key}~{uuid.uuid4().hex[:12]}"
 
-        gated = [p for p in plans.values() if p.mode == "gated"]
+        gated = [p for p in plans if p.mode == "gated"]
         decided: list[Decision] = []
         if gated:
             facts = [self._fact(p) for p in gated]
             decided = yield _Call(
                 lambda: self.engine.write(facts, self.settings.policy, self._overrides)
             )
-        forgets = [p for p in plans.values() if p.mode == "forget" and p.occupant]
-        if forgets:
-            yield _Call(lambda: self._forget_all(forgets))
 
         # Where the superseded memories live: this batch's own writes, the put's own key, or
         # (durably) the inner item carrying the id.
@@ -379,7 +395,7 @@ class GatedStore(BaseStore):
         writes: list[Op] = []
         out: list[PutDecision] = []
         by_plan = dict(zip((id(p) for p in gated), decided, strict=True))
-        for plan in plans.values():
+        for plan in plans:
             op = plan.op
             if plan.mode != "gated":
                 writes.append(op)
@@ -431,7 +447,17 @@ class GatedStore(BaseStore):
             )
 
         reads = [op for op in ops if not isinstance(op, PutOp)]
-        results = yield _Inner([*reads, *removals, *writes])
+        try:
+            results = yield _Inner([*reads, *removals, *writes])
+        except Exception:
+            # The inner store refused the batch: take back what memgate committed for it, so
+            # the two stay in step, and let the caller see the inner store's error.
+            if decided:
+                yield _Call(lambda: self._compensate(decided))
+            raise
+        forgets = [p for p in plans if p.mode == "forget" and p.occupant]
+        if forgets:  # after the inner delete: a failed delete leaves the memory in memgate
+            yield _Call(lambda: self._forget_all(forgets))
         self.decisions = out
         self._emit(out)
         answers = iter(self._strip_results(reads, results[: len(reads)]))
@@ -498,6 +524,17 @@ class GatedStore(BaseStore):
                 self.engine.forget(plan.namespace, str(plan.occupant))
             except (NotFound, Conflict):
                 pass  # already forgotten or no longer active: the inner delete still happens
+
+    def _compensate(self, decided: Sequence[Decision]) -> None:
+        for d in decided:
+            if d.memory_id is None:
+                continue  # skip, or review: pending in memgate, never written to the inner store
+            if d.action == "replace":
+                self.engine.undo(d.fact.namespace, d.memory_id)
+            try:
+                self.engine.forget(d.fact.namespace, d.memory_id)
+            except (NotFound, Conflict):
+                pass  # an undone memory may refuse it; it is out of recall either way
 
     def _find(self, namespace: tuple[str, ...], memory_id: str) -> SearchOp:
         return SearchOp(tuple(namespace), {self.settings.id_field: memory_id}, limit=10)

@@ -41,7 +41,16 @@ class PassThroughEngine:
             raise NotFound(memory_id)
 
     def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
-        raise Conflict("the pass-through engine keeps no history")
+        new = self.memories.get((namespace, memory_id))
+        if new is None or new.supersedes is None:
+            raise Conflict(f"{memory_id} replaced nothing")
+        del self.memories[(namespace, memory_id)]
+        restored = self.memories.get((namespace, new.supersedes))
+        if restored is None:  # the pass-through keeps no superseded texts: rebuild the record
+            restored = Memory(new.supersedes, namespace, "semantic", "", None, {}, None, 0.0,
+                              "active", None, None, {})  # fmt: skip
+        self.memories[(namespace, restored.id)] = restored
+        return restored, new
 
     def history(self, namespace: str, memory_id: str) -> list[Memory]:
         return [self.memories[(namespace, memory_id)]]
@@ -54,3 +63,39 @@ class PassThroughEngine:
 
     def close(self) -> None:
         pass
+
+
+class ScriptedEngine(PassThroughEngine):
+    """Decides from a script instead: each write pops one (action, target id) per fact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.script: list[tuple[str, str | None]] = []
+
+    def write(
+        self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
+    ) -> list[Decision]:
+        out = []
+        for fact in facts:
+            action, target = self.script.pop(0)
+            mid = None
+            if action in ("add", "replace"):
+                mid = f"mem_{next(self._ids):06d}"
+                self.memories[(fact.namespace, mid)] = Memory(
+                    mid, fact.namespace, fact.kind, fact.text, None, dict(fact.metadata), None,
+                    0.0, "active", target, None, {},
+                )  # fmt: skip
+            review = "rev_1" if action == "review" else None
+            out.append(
+                Decision(
+                    action,
+                    fact,
+                    target,
+                    (),
+                    policy,
+                    "scripted",
+                    memory_id=mid,  # type: ignore[arg-type]
+                    review_id=review,
+                )  # fmt: skip
+            )
+        return out
