@@ -27,9 +27,19 @@ class PassThroughEngine:
             mid = f"mem_{next(self._ids):06d}"
             action = "replace" if occupant else "add"
             self.memories[(fact.namespace, mid)] = Memory(
-                mid, fact.namespace, fact.kind, fact.text, None, dict(fact.metadata), None,
-                0.0, "active", occupant, None, {},
-            )  # fmt: skip
+                mid,
+                fact.namespace,
+                fact.kind,
+                fact.text,
+                None,
+                dict(fact.metadata),
+                None,
+                0.0,
+                "active",
+                occupant,
+                None,
+                {},
+            )
             out.append(Decision(action, fact, occupant, (), policy, "pass", memory_id=mid))
         return out
 
@@ -47,8 +57,20 @@ class PassThroughEngine:
         del self.memories[(namespace, memory_id)]
         restored = self.memories.get((namespace, new.supersedes))
         if restored is None:  # the pass-through keeps no superseded texts: rebuild the record
-            restored = Memory(new.supersedes, namespace, "semantic", "", None, {}, None, 0.0,
-                              "active", None, None, {})  # fmt: skip
+            restored = Memory(
+                new.supersedes,
+                namespace,
+                "semantic",
+                "",
+                None,
+                {},
+                None,
+                0.0,
+                "active",
+                None,
+                None,
+                {},
+            )
         self.memories[(namespace, restored.id)] = restored
         return restored, new
 
@@ -82,9 +104,19 @@ class ScriptedEngine(PassThroughEngine):
             if action in ("add", "replace"):
                 mid = f"mem_{next(self._ids):06d}"
                 self.memories[(fact.namespace, mid)] = Memory(
-                    mid, fact.namespace, fact.kind, fact.text, None, dict(fact.metadata), None,
-                    0.0, "active", target, None, {},
-                )  # fmt: skip
+                    mid,
+                    fact.namespace,
+                    fact.kind,
+                    fact.text,
+                    None,
+                    dict(fact.metadata),
+                    None,
+                    0.0,
+                    "active",
+                    target,
+                    None,
+                    {},
+                )
             review = "rev_1" if action == "review" else None
             out.append(
                 Decision(
@@ -96,6 +128,6 @@ class ScriptedEngine(PassThroughEngine):
                     "scripted",
                     memory_id=mid,  # type: ignore[arg-type]
                     review_id=review,
-                )  # fmt: skip
+                )
             )
         return out

@@ -28,14 +28,18 @@ VALUES = st.fixed_dictionaries(
         "n": st.integers(0, 5),
         "tag": st.sampled_from(["a", "b", "c"]),
     }
-)  # fmt: skip
+)
 FILTERS = st.one_of(
     st.none(),
     st.fixed_dictionaries({"tag": st.sampled_from(["a", "b", "z"])}),
     st.fixed_dictionaries({"n": st.fixed_dictionaries({"$gt": st.integers(0, 5)})}),
-    st.fixed_dictionaries({"n": st.fixed_dictionaries({"$lte": st.integers(0, 5)}),
-                           "tag": st.sampled_from(["a", "b"])}),
-)  # fmt: skip
+    st.fixed_dictionaries(
+        {
+            "n": st.fixed_dictionaries({"$lte": st.integers(0, 5)}),
+            "tag": st.sampled_from(["a", "b"]),
+        }
+    ),
+)
 PREFIXES = st.lists(LABELS, max_size=2).map(tuple)
 SOME_LABELS = st.lists(LABELS, min_size=1, max_size=2).map(tuple)
 
@@ -111,9 +115,15 @@ def _call(store: Any, op: tuple[Any, ...]) -> Any:
     # One batch mixing reads with puts: reads see the state before the batch's puts.
     _, ns, key, value, other = op
     return store.batch(
-        [GetOp(ns, key), PutOp(ns, key, value), SearchOp(ns[:1]), PutOp(ns, other, value),
-         GetOp(ns, other), PutOp(ns, key, {**value, "n": 9})]
-    )  # fmt: skip
+        [
+            GetOp(ns, key),
+            PutOp(ns, key, value),
+            SearchOp(ns[:1]),
+            PutOp(ns, other, value),
+            GetOp(ns, other),
+            PutOp(ns, key, {**value, "n": 9}),
+        ]
+    )
 
 
 def _everything(store: Any) -> Any:
