@@ -123,3 +123,30 @@ def test_review_policy_queues_then_accept_writes(real_engine: LocalEngine) -> No
     out = store.resolve_review(NS, item.id, "accept")
     assert out.action == "replace" and out.removed_key == "home"
     assert [it.value["content"] for it in store.search(NS)] == ["The user moved to Austin."]
+
+
+def test_over_a_memgate_server(make_gate: Any) -> None:
+    """The same store over ``memgate serve`` (in-process gRPC server on 127.0.0.1, port 0)."""
+    from engine.server.codegen import ensure
+
+    ensure()
+    from engine.client import MemgateClient
+    from engine.server import ServerSettings, ServerThread
+
+    server = ServerThread(make_gate(), ServerSettings(port=0, max_queue_delay_s=None))
+    server.start()
+    try:
+        with MemgateClient(server.target) as client:
+            store = GatedStore(InMemoryStore(), client)
+            store.put(NS, "home-1", {"content": "The user lives in Denver."})
+            store.put(NS, "home-2", {"content": "The user moved to Austin."})
+            assert store.decisions[0].action == "replace"
+            assert [it.key for it in store.search(NS)] == ["home-2"]
+            chain = store.history(NS, "home-2")
+            assert [m.status for m in chain] == ["superseded", "active"]
+            assert store.undo(NS, "home-2").restored_key == "home-1"
+            store.delete(NS, "home-1")
+            assert store.search(NS) == []
+            assert client.get(store.memgate_namespace(NS), chain[0].id).status == "forgotten"
+    finally:
+        server.stop(grace=0)
