@@ -371,10 +371,11 @@ class GatedStore(BaseStore):
                 lambda: self.engine.write(facts, self.settings.policy, self._overrides)
             )
 
-        # Where the superseded memories live: this batch's own writes, the put's own key, or
-        # (durably) the inner item carrying the id.
+        # Where the superseded memories live: this batch's own writes, the put's own key, the
+        # key memgate recorded with the memory, or (a memory written around this store) the
+        # inner item carrying its id.
         homes: dict[str, str] = {}
-        lookups: list[tuple[tuple[str, ...], str]] = []
+        lookups: list[tuple[_Put, str]] = []
         for plan, d in zip(gated, decided, strict=True):
             if d.memory_id is not None:
                 homes[d.memory_id] = _home_key(self._meta(plan), d.target_id)
@@ -383,13 +384,19 @@ class GatedStore(BaseStore):
                 if d.target_id == plan.occupant:
                     homes[d.target_id] = plan.op.key
                 elif d.target_id not in homes:
-                    lookups.append((plan.op.namespace, d.target_id))
+                    lookups.append((plan, d.target_id))
         if lookups:
-            found = yield _Inner([self._find(ns, mid) for ns, mid in lookups])
-            for (ns, mid), items in zip(lookups, found, strict=True):
-                key = self._found_key(ns, items)
-                if key is not None:
-                    homes[mid] = key
+            recorded = yield _Call(
+                lambda: [self._recorded_home(p.namespace, m) for p, m in lookups]
+            )
+            unknown = [(p, m) for (p, m), key in zip(lookups, recorded, strict=True) if key is None]
+            homes.update({m: key for (_, m), key in zip(lookups, recorded, strict=True) if key})
+            if unknown:
+                found = yield _Inner([self._find(p.op.namespace, m) for p, m in unknown])
+                for (p, m), items in zip(unknown, found, strict=True):
+                    key = self._found_key(p.op.namespace, items)
+                    if key is not None:
+                        homes[m] = key
 
         removals: list[Op] = []
         writes: list[Op] = []
@@ -524,6 +531,12 @@ class GatedStore(BaseStore):
                 self.engine.forget(plan.namespace, str(plan.occupant))
             except (NotFound, Conflict):
                 pass  # already forgotten or no longer active: the inner delete still happens
+
+    def _recorded_home(self, namespace: str, memory_id: str) -> str | None:
+        memory = self.engine.get(namespace, memory_id)
+        if memory is None or not isinstance(memory.metadata.get(_META), dict):
+            return None
+        return _home_key(memory.metadata[_META], memory.supersedes)
 
     def _compensate(self, decided: Sequence[Decision]) -> None:
         for d in decided:

@@ -218,3 +218,17 @@ def test_a_missing_extra_names_it(module: str, blocked: str, extra: str) -> None
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert f"pip install 'memgate[{extra}]'" in out.stdout
+
+
+def test_a_target_memgate_has_no_key_for_is_found_through_the_inner_item() -> None:
+    from dataclasses import replace
+
+    store, engine = _store()
+    engine.script = [("add", None)]
+    store.put(NS, "home", {"content": "lives in Denver"})
+    home_id = store.memory_id(NS, "home")
+    ns = store.memgate_namespace(NS)
+    engine.memories[(ns, home_id)] = replace(engine.memories[(ns, home_id)], metadata={})
+    engine.script = [("replace", home_id)]
+    store.put(NS, "move", {"content": "moved to Austin"})
+    assert store.decisions[0].removed_key == "home" and list(_contents(store)) == ["move"]
