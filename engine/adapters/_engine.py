@@ -146,10 +146,10 @@ def as_gate_engine(engine: Any) -> GateEngine:
 
     if isinstance(engine, Gate):
         return LocalEngine(engine)
-    if isinstance(getattr(engine, "gate", None), Gate):
-        return LocalEngine(engine.gate)
     if isinstance(engine, GateEngine):
         return engine
+    if isinstance(getattr(engine, "gate", None), Gate):
+        return LocalEngine(engine.gate)
     raise InvalidInput(
         f"engine must be an engine.app.Engine, a Gate, a MemgateClient or a GateEngine; "
         f"got {type(engine).__name__}"
