@@ -9,13 +9,15 @@ two stores write at different instants)."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from typing import Any
 
 from _passthrough import PassThroughEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from langgraph.store.base import GetOp, Item, PutOp, SearchOp
+from langgraph.store.base import BaseStore, GetOp, Item, PutOp, SearchOp
 from langgraph.store.memory import InMemoryStore
+from langgraph.store.sqlite import SqliteStore
 
 from engine.adapters.langgraph import GatedStore
 
@@ -72,11 +74,17 @@ def _embed(texts: list[str]) -> list[list[float]]:
     return [[1.0 + text.count(ch) for ch in "abc é/."] + [float(len(text))] for text in texts]
 
 
-def _stores() -> tuple[InMemoryStore, GatedStore]:
-    """Both semantic stores, indexed on ``content`` (with the default ``$`` the inner store
-    would embed the ``_memgate_id`` the gated items carry: see the module docstring)."""
+def _stores(kind: str = "memory") -> tuple[BaseStore, GatedStore]:
+    """A bare store and a gated one of the same kind. The in-memory pair is semantic, indexed
+    on ``content`` (with the default ``$`` the inner store would embed the ``_memgate_id`` the
+    gated items carry: see engine/adapters/langgraph.py)."""
 
-    def make() -> InMemoryStore:
+    def make() -> BaseStore:
+        if kind == "sqlite":
+            conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            store = SqliteStore(conn)
+            store.setup()
+            return store
         return InMemoryStore(index={"dims": 8, "embed": _embed, "fields": ["content"]})
 
     return make(), GatedStore(make(), PassThroughEngine())
@@ -141,6 +149,25 @@ def test_same_answers_as_in_memory_store(ops: list[tuple[Any, ...]]) -> None:
             divergences.append((i, op, want, got))
     assert divergences == []
     assert _everything(gated) == _everything(bare)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(OPS.filter(lambda op: op[0] != "batch"), min_size=1, max_size=20))
+def test_same_answers_as_sqlite_store(ops: list[tuple[Any, ...]]) -> None:
+    """LangGraph's SqliteStore. Its searches here take no query (no vector index) and its SQL
+    has no ORDER BY without one, so their order (and so a page's content) is unspecified:
+    searches read whole results, compared as sets (mixed batches: the in-memory test)."""
+    bare, gated = _stores("sqlite")
+    ops = [(op[0], op[1], op[2], 10_000, 0, None) if op[0] == "search" else op for op in ops]
+    divergences = []
+    for i, op in enumerate(ops):
+        want, got = _plain(_do(bare, op)), _plain(_do(gated, op))
+        if op[0] == "search":
+            want, got = sorted(map(repr, want)), sorted(map(repr, got))
+        if want != got:
+            divergences.append((i, op, want, got))
+    assert divergences == []
+    assert sorted(map(repr, _everything(gated))) == sorted(map(repr, _everything(bare)))
 
 
 @settings(max_examples=40, deadline=None)
