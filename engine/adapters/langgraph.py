@@ -83,7 +83,8 @@ class GateStoreSettings:
     """Policy settings overridden for every put, e.g. ``(("review_scope", "all"),)``."""
     text_fields: tuple[str, ...] = ("content", "text")
     """Value fields tried in order for the fact text (LangMem writes ``content``). A string is
-    used as it is; a dict or list (a LangMem structured schema) as its JSON."""
+    used as it is; a dict (a LangMem schema) by its own text field, else as JSON; a list as
+    JSON."""
     json_fallback: bool = True
     """With none of ``text_fields`` present, gate the JSON of the whole value."""
     ungated: bool = False
@@ -493,12 +494,18 @@ class GatedStore(BaseStore):
             )
         return _Put(op, ns, "gated", text, "procedural" if kind == "procedural" else "semantic")
 
-    def _text(self, value: Mapping[str, Any]) -> str | None:
+    def _text(self, value: Mapping[str, Any], nested: bool = True) -> str | None:
         for name in self.settings.text_fields:
             if name in value:
                 field = value[name]
                 if isinstance(field, str):
                     return field if field.strip() else None
+                if isinstance(field, dict) and nested:
+                    # LangMem's store manager writes {"kind": "Memory", "content": {"content":
+                    # "..."}}: the text of the inner record, else its JSON.
+                    inner = {f: field[f] for f in self.settings.text_fields if f in field}
+                    text = self._text(inner, nested=False) if inner else None
+                    return text if text is not None else (_json(field) if field else None)
                 if isinstance(field, dict | list) and field:
                     return _json(field)
                 return None

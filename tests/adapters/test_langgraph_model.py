@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 import pytest
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore
 from langgraph.store.memory import InMemoryStore
@@ -101,14 +103,39 @@ def test_langmem_tool_create_update_and_refused_sibling_overwrite(
     assert real_engine.get(store.memgate_namespace(NS), forgotten).status == "forgotten"
 
 
-def test_langmem_store_manager_accepts_the_gated_store(real_engine: LocalEngine) -> None:
-    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+class _ScriptedChatModel(GenericFakeChatModel):
+    """A chat model that answers from a script of messages (no LLM); tools are accepted and
+    ignored, as the scripted answers already hold the tool calls."""
 
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+
+def _remember_call(text: str) -> AIMessage:
+    call = {"name": "Memory", "args": {"content": text}, "id": f"call-{abs(hash(text))}"}
+    return AIMessage(content="", tool_calls=[call])
+
+
+def test_langmem_store_manager_writes_through_the_gate(real_engine: LocalEngine) -> None:
     store = GatedStore(InMemoryStore(), real_engine)
-    manager = create_memory_store_manager(
-        GenericFakeChatModel(messages=iter(())), namespace=NS, store=store
+    model = _ScriptedChatModel(
+        messages=iter(
+            [
+                _remember_call("The user lives in Denver."),
+                _remember_call("The user moved to Austin."),
+            ]
+        )
     )
-    assert manager is not None
+    manager = create_memory_store_manager(model, namespace=NS, store=store)
+    manager.invoke({"messages": [{"role": "user", "content": "I live in Denver."}]})
+    assert [d.action for d in store.decisions] == ["add"]
+    manager.invoke({"messages": [{"role": "user", "content": "I moved to Austin."}]})
+    [d] = store.decisions
+    assert d.action == "replace" and d.decision is not None
+    assert d.decision.fact.text == "The user moved to Austin."
+    assert [it.value["content"]["content"] for it in store.search(NS)] == [
+        "The user moved to Austin."
+    ]
 
 
 def test_review_policy_queues_then_accept_writes(real_engine: LocalEngine) -> None:

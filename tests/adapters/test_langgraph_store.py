@@ -115,16 +115,22 @@ def test_forget_deletes_in_both() -> None:
 
 def test_text_fields_structured_content_and_json_fallback() -> None:
     store, engine = _store(text_fields=("summary", "content"))
-    engine.script = [("add", None)] * 3
+    engine.script = [("add", None)] * 4
     store.batch(
         [
             PutOp(NS, "a", {"summary": "s", "content": "c"}),
             PutOp(NS, "b", {"content": {"subject": "user", "city": "Austin"}}),
             PutOp(NS, "c", {"city": "Austin", "n": 1}),
+            PutOp(NS, "d", {"kind": "Memory", "content": {"content": "LangMem's record"}}),
         ]
     )
     texts = [d.decision.fact.text for d in store.decisions if d.decision]
-    assert texts == ["s", '{"city": "Austin", "subject": "user"}', '{"city": "Austin", "n": 1}']
+    assert texts == [
+        "s",
+        '{"city": "Austin", "subject": "user"}',
+        '{"city": "Austin", "n": 1}',
+        "LangMem's record",
+    ]
 
 
 @pytest.mark.parametrize("value", [{"content": "  "}, {"content": 3}, {}])
