@@ -214,7 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             _round(
                 engine.gate, store, corpus, argparse.Namespace(**{**vars(args), "facts": 10}), -1
             )
-            rows = [_round(engine.gate, store, corpus, args, r) for r in range(args.rounds)]
+            rows = []
+            for r in range(args.rounds):
+                rows.append(_round(engine.gate, store, corpus, args, r))
+                print(
+                    f"  round {r}: store/gate {rows[-1]['ratio']:.3f}, adapter's own "
+                    f"{rows[-1]['adapter_share'] * 100:.2f} %",
+                    flush=True,
+                )
     overhead = statistics.median(r["ratio"] for r in rows) - 1.0
     total = sum(r["store_s"] for r in rows) / sum(r["gate_s"] for r in rows) - 1.0
     own = sum(r["adapter_s"] for r in rows) / sum(r["store_engine_s"] for r in rows)
