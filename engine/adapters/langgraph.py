@@ -293,7 +293,16 @@ class GatedStore(BaseStore):
         """Undo the replacement the item at ``key`` made: memgate makes the old memory active
         again, and the inner store gets the old item back and loses the new one."""
         ns = self.memgate_namespace(namespace)
-        restored, undone = self.engine.undo(ns, self._need_id(namespace, key))
+        memory_id = self._need_id(namespace, key)
+        current = self.engine.get(ns, memory_id)
+        target = None if current is None else current.supersedes
+        old = None if target is None else self.engine.get(ns, target)
+        if old is not None and not isinstance(old.metadata.get(_META), dict):
+            raise Conflict(
+                f"{memory_id} replaced {target}, which was not written through a GatedStore: "
+                "its item cannot be restored (nothing was undone)"
+            )
+        restored, undone = self.engine.undo(ns, memory_id)  # Conflict if it replaced nothing
         home = _home_key(restored.metadata[_META], restored.supersedes)
         ops: list[Op] = []
         if home != key:
@@ -312,7 +321,6 @@ class GatedStore(BaseStore):
         ``reject``; an accepted or kept item is written now."""
         ns = self.memgate_namespace(namespace)
         memory_id = self.engine.resolve_review(ns, review_id, resolution)
-        action: PutAction = "add" if resolution == "keep_both" else "replace"
         if memory_id is None:
             return PutDecision(
                 tuple(namespace), "", "skip", "review_rejected", None, review_id=review_id
@@ -322,10 +330,13 @@ class GatedStore(BaseStore):
             raise NotFound(f"memory {memory_id} of review {review_id} is not in {ns}")
         meta = memory.metadata[_META]
         home = _home_key(meta, memory.supersedes)
+        action: PutAction = "add" if memory.supersedes is None else "replace"
         ops: list[Op] = []
         removed = None
         if memory.supersedes is not None:
-            removed = self.key_of(namespace, memory.supersedes)
+            removed = self._recorded_home(ns, memory.supersedes) or self.key_of(
+                namespace, memory.supersedes
+            )
             if removed is not None and removed != home:
                 ops.append(PutOp(namespace, removed, None))
         ops.append(PutOp(namespace, home, self._stored_value(memory.metadata, memory_id)))
