@@ -1,0 +1,167 @@
+"""What the framework adapters need from memgate, and its two implementations.
+
+The adapters talk to :class:`GateEngine` only. :class:`LocalEngine` drives an in-process
+:class:`engine.app.Engine` (its ``Gate``); :class:`RemoteEngine` drives a ``memgate serve``
+through :class:`engine.client.MemgateClient`. This is the one module that knows either of them,
+so pointing the adapters at another engine facade means adding one class here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from engine.errors import InvalidInput, NotFound
+from engine.types import Decision, Fact, Memory, ReviewItem
+
+__all__ = ["GateEngine", "LocalEngine", "RemoteEngine", "as_gate_engine", "open_local"]
+
+
+@runtime_checkable
+class GateEngine(Protocol):
+    """The engine operations an adapter uses. Errors are :mod:`engine.errors` classes."""
+
+    def write(
+        self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
+    ) -> list[Decision]:
+        """Decide and commit ``facts`` in one transaction; one decision per fact, in order."""
+        ...
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        """The memory, whatever its status; None when the namespace holds no such id."""
+        ...
+
+    def forget(self, namespace: str, memory_id: str) -> None: ...
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
+        """Undo the replacement ``memory_id`` made: returns (restored, undone)."""
+        ...
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        """The supersedes chain holding ``memory_id``, oldest first."""
+        ...
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]: ...
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> str | None:
+        """accept / keep_both / reject; returns the id of the memory stored (None: reject)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalEngine:
+    """A :class:`GateEngine` over an in-process ``Gate`` (``engine.app.Engine().gate``)."""
+
+    def __init__(self, gate: Any, *, owner: Any = None) -> None:
+        self.gate = gate
+        self._owner = owner
+        """The ``engine.app.Engine`` this adapter opened and so closes; None when borrowed."""
+
+    def write(
+        self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
+    ) -> list[Decision]:
+        result = self.gate.triage(facts, policy, apply=True, overrides=dict(overrides or {}))
+        return list(result.decisions)
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        memory: Memory | None = self.gate.get(namespace, memory_id)
+        return memory
+
+    def forget(self, namespace: str, memory_id: str) -> None:
+        self.gate.forget(namespace, memory_id)
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
+        restored, undone = self.gate.undo(namespace, memory_id)
+        return restored, undone
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        return list(self.gate.history(namespace, memory_id))
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
+        return list(self.gate.list_review(namespace, limit))
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> str | None:
+        res = self.gate.resolve_review(namespace, review_id, resolution)
+        memory_id: str | None = res.memory_id
+        return memory_id
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
+            self._owner = None
+
+
+class RemoteEngine:
+    """A :class:`GateEngine` over a :class:`engine.client.MemgateClient` (``memgate serve``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def write(
+        self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
+    ) -> list[Decision]:
+        return list(self.client.write(facts, policy, overrides).decisions)
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        try:
+            memory: Memory = self.client.get(namespace, memory_id)
+        except NotFound:
+            return None
+        return memory
+
+    def forget(self, namespace: str, memory_id: str) -> None:
+        self.client.forget(namespace, memory_id)
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
+        restored, undone = self.client.undo(namespace, memory_id)
+        return restored, undone
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        return list(self.client.history(namespace, memory_id))
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
+        return list(self.client.list_review(namespace, limit))
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> str | None:
+        memory_id: str | None = self.client.resolve_review(
+            namespace, review_id, resolution
+        ).memory_id
+        return memory_id
+
+    def close(self) -> None:
+        """The caller owns the client (and its channel): nothing to close here."""
+
+
+def as_gate_engine(engine: Any) -> GateEngine:
+    """Wrap what the user passed: an ``engine.app.Engine``, a ``Gate``, a ``MemgateClient``, or
+    anything that already implements :class:`GateEngine`."""
+    client_module = sys.modules.get("engine.client")
+    if client_module is not None and isinstance(engine, client_module.MemgateClient):
+        return RemoteEngine(engine)
+    from engine.gate.gate import Gate
+
+    if isinstance(engine, Gate):
+        return LocalEngine(engine)
+    if isinstance(engine, GateEngine):
+        return engine
+    if isinstance(getattr(engine, "gate", None), Gate):
+        return LocalEngine(engine.gate)
+    raise InvalidInput(
+        f"engine must be an engine.app.Engine, a Gate, a MemgateClient or a GateEngine; "
+        f"got {type(engine).__name__}"
+    )
+
+
+def open_local(data_dir: str | Path, *, cache_dir: str | Path | None = None) -> LocalEngine:
+    """Open an in-process engine over ``data_dir`` on the default models of ``cache_dir``
+    (default: ``$MEMGATE_HOME``, else ``~/.cache/memgate``); closing the adapter closes it."""
+    from engine.app import EngineSettings, open_engine
+
+    if cache_dir is None:
+        cache_dir = os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate"
+    opened = open_engine(EngineSettings(data_dir=Path(data_dir), cache_dir=Path(cache_dir)))
+    return LocalEngine(opened.gate, owner=opened)
