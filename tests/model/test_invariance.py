@@ -20,9 +20,10 @@ from engine.runtime.nli import NLIScorer
 pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parents[2]
+_DEV = [base / "shared" / "eval" / "dev.jsonl" for base in (ROOT.parent, ROOT.parent.parent)]
 SETS = {
     "heldout": ROOT / "benchmarks" / "data" / "heldout.jsonl",
-    "dev": ROOT.parent / "shared" / "eval" / "dev.jsonl",
+    "dev": next((p for p in _DEV if p.is_file()), _DEV[0]),  # beside the checkout or a worktree
 }
 THRESHOLDS = (0.5, 0.8, 0.95)
 LIMIT = 320
