@@ -188,6 +188,7 @@ def batch_invariance(
     """Whether each item's output is the same alone as inside one batch of all ``items``
     (mixed lengths, so a short item is padded to the longest): the figure that decides if a
     graph may batch freely (``row_invariant``)."""
+
     def batches(size: int) -> list[Batch]:
         return encode(
             tokenizer_path,

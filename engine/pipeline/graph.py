@@ -382,15 +382,16 @@ def _rewrite(
                 continue
             x, out, w, zp, scale, extra = chain
             k, n = w.shape
-            centred = w.astype(np.int16) - zp
+            centred = w.astype(np.int16) - zp[None, :]
             if target == "fp32":
-                emit(node, x, out, centred.astype(np.float32) * scale)
+                emit(node, x, out, centred.astype(np.float32) * scale[None, :])
             elif centred.min() < -128 or centred.max() > 127:
                 counts["matmuls_left"] += 1
                 continue
             else:
                 codes = (centred + 128).astype(np.uint8)
-                emit(node, x, out, (codes, np.full((n, k // block_size), scale, np.float32)))
+                scales = np.repeat(scale[:, None], k // block_size, axis=1)
+                emit(node, x, out, (codes, scales.astype(np.float32)))
             dropped.update(id(e) for e in extra)
             counts["weights_kept_exact"] += 1
         elif node.op_type == "MatMul" and target == "blockwise":
@@ -436,10 +437,10 @@ def _dynamic_chain(
     producer: dict[str, Any],
     consumers: dict[str, list[Any]],
     constant: Any,
-) -> tuple[str, str, Any, int, float, list[Any]] | None:
+) -> tuple[str, str, Any, Any, Any, list[Any]] | None:
     """``DynamicQuantizeLinear(x) -> MatMulInteger(., W) -> Cast -> Mul(x_scale * w_scale)``
-    as (x, the Mul's output, int8 W, W's zero point, W's scale, the nodes it replaces); None when
-    ``node`` is not the head of such a chain with a per-tensor constant weight."""
+    as (x, the Mul's output, int8 W, W's zero points and scales per column, the nodes it
+    replaces); None when ``node`` is not the head of such a chain with a constant weight."""
     import numpy as np
 
     x_q, w_q, _, w_zp = (list(node.input) + [""] * 4)[:4]
@@ -464,6 +465,10 @@ def _dynamic_chain(
     w_scale_name = next((i for i in scales.input if i != dql.output[1]), None)
     w_scale = constant(w_scale_name) if w_scale_name else None
     zp = constant(w_zp) if w_zp else np.zeros((), np.int8)
-    if w_scale is None or w_scale.size != 1 or zp is None or zp.size != 1:
-        return None  # per-channel scales would need per-column block scales: not met here
-    return dql.input[0], mul.output[0], w, int(zp), float(w_scale), [cast, mul]
+    n = w.shape[1]
+    if w_scale is None or zp is None or w_scale.size not in (1, n) or zp.size not in (1, n):
+        return None
+    # per tensor or per column (quantize_dynamic's per_channel): one value per column either way
+    scale = np.broadcast_to(w_scale.astype(np.float32).reshape(-1), (n,)).copy()
+    zero = np.broadcast_to(zp.astype(np.int16).reshape(-1), (n,)).copy()
+    return dql.input[0], mul.output[0], w, zero, scale, [cast, mul]
