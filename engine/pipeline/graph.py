@@ -23,6 +23,7 @@ __all__ = [
     "BLOCKWISE_BLOCK",
     "OPTIMIZABLE_TYPES",
     "blockwise_int8",
+    "rowwise_int8",
     "dequantize",
     "quiet",
     "detect_isa",
@@ -302,6 +303,25 @@ def blockwise_int8(
     }
 
 
+def rowwise_int8(
+    model_in: Path, model_out: Path, *, dynamic_length: bool = False
+) -> dict[str, Any]:
+    """Like :func:`blockwise_int8`, but each constant-weight MatMul becomes ONNX Runtime's
+    u8 x s8 ``MatMulInteger`` (the dynamic int8 kernel, VNNI/AMX where the CPU has them) on
+    activations quantised symmetrically *per row* by standard ops (max |x| / 127, zero point
+    128): row-invariant like blockwise, on the faster kernel. Weights: int8 per column (a
+    dynamic int8 graph's are kept exactly)."""
+    counts = _rewrite(model_in, model_out, target="rowwise", dynamic_length=dynamic_length)
+    return {
+        "method": "rowwise",
+        "tool": "memgate.pipeline.graph.rowwise_int8 (MatMulInteger, per-row activation scales)",
+        "bits": 8,
+        "activations": "uint8 per row, symmetric (zero point 128); no scale shared between rows",
+        **counts,
+        "dynamic_length": dynamic_length,
+    }
+
+
 def dequantize(model_in: Path, model_out: Path, *, dynamic_length: bool = False) -> dict[str, Any]:
     """The fp32 reference of a dynamically quantised graph: each ``MatMulInteger`` chain becomes
     an fp32 ``MatMul`` on its dequantised weight (the same weights, activations unquantised).
@@ -374,6 +394,54 @@ def _rewrite(
             accuracy_level=accuracy_level,
         )
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    shared: dict[str, str] = {}
+
+    def const(name: str, value: Any) -> str:
+        if name not in shared:
+            added.append(numpy_helper.from_array(np.asarray(value), name))
+            shared[name] = name
+        return name
+
+    def emit_rowwise(node: Any, x: str, out: str, w: Any, scale: Any) -> None:
+        """``out = x @ W`` with int8 ``W`` (``[K, N]``, per-column ``scale``) and ``x``
+        quantised symmetrically *per row* (scale = the row's max |x| / 127, zero point 128):
+        ONNX Runtime's u8 x s8 MatMulInteger kernel, and no scale shared between rows."""
+        base = (node.name or out).replace("/", "_").strip("_") + "_rq"
+        t = f"{base}/"
+        absx = helper.make_node("Abs", [x], [t + "abs"])
+        if opset >= 18:
+            axes = const("rowwise_axes", np.array([-1], np.int64))
+            amax = helper.make_node("ReduceMax", [t + "abs", axes], [t + "amax"], keepdims=1)
+        else:
+            amax = helper.make_node("ReduceMax", [t + "abs"], [t + "amax"], axes=[-1], keepdims=1)
+        floor = helper.make_node(
+            "Max", [t + "amax", const("rowwise_eps", np.float32(1e-12))], [t + "amax1"]
+        )
+        xs = helper.make_node(
+            "Mul", [t + "amax1", const("rowwise_inv127", np.float32(1 / 127))], [t + "xs"]
+        )
+        div = helper.make_node("Div", [x, t + "xs"], [t + "div"])
+        rnd = helper.make_node("Round", [t + "div"], [t + "rnd"])
+        shift = helper.make_node(
+            "Add", [t + "rnd", const("rowwise_128f", np.float32(128))], [t + "shift"]
+        )
+        q = helper.make_node("Cast", [t + "shift"], [t + "q"], to=onnx.TensorProto.UINT8)
+        w_name = f"{base}_w"
+        added.append(numpy_helper.from_array(w.astype(np.int8), w_name))
+        mm = helper.make_node(
+            "MatMulInteger",
+            [t + "q", w_name, const("rowwise_zp128", np.uint8(128))],
+            [t + "int"],
+            name=base,
+        )
+        cast = helper.make_node("Cast", [t + "int"], [t + "f"], to=onnx.TensorProto.FLOAT)
+        ws = f"{base}_wscale"
+        added.append(numpy_helper.from_array(scale.astype(np.float32), ws))
+        m1 = helper.make_node("Mul", [t + "f", t + "xs"], [t + "m1"])
+        m2 = helper.make_node("Mul", [t + "m1", ws], [out])
+        replaced[id(node)] = [absx, amax, floor, xs, div, rnd, shift, q, mm, cast, m1, m2]
+
     for node in g.node:
         if node.op_type == "MatMulInteger":
             chain = _dynamic_chain(node, producer, consumers, constant)
@@ -388,20 +456,32 @@ def _rewrite(
             elif centred.min() < -128 or centred.max() > 127:
                 counts["matmuls_left"] += 1
                 continue
+            elif target == "rowwise":
+                emit_rowwise(node, x, out, centred, scale)
             else:
                 codes = (centred + 128).astype(np.uint8)
                 scales = np.repeat(scale[:, None], k // block_size, axis=1)
                 emit(node, x, out, (codes, scales.astype(np.float32)))
             dropped.update(id(e) for e in extra)
             counts["weights_kept_exact"] += 1
-        elif node.op_type == "MatMul" and target == "blockwise":
+        elif node.op_type == "MatMul" and target in ("blockwise", "rowwise"):
             w = constant(node.input[1])
             if w is None or w.dtype != np.float32 or w.ndim != 2 or w.shape[0] % block_size:
                 continue
-            emit(node, node.input[0], node.output[0], w)
+            if target == "rowwise":
+                amax = np.abs(w).max(axis=0)
+                scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+                codes = np.clip(np.rint(w / scale[None, :]), -127, 127).astype(np.int8)
+                emit_rowwise(node, node.input[0], node.output[0], codes, scale)
+            else:
+                emit(node, node.input[0], node.output[0], w)
             counts["weights_requantised"] += 1
 
-    nodes = [replaced.get(id(n), n) for n in g.node if id(n) not in dropped]
+    nodes: list[Any] = []
+    for n in g.node:
+        if id(n) not in dropped:
+            new = replaced.get(id(n), n)
+            nodes.extend(new if isinstance(new, list) else [new])
     # Drop what no longer feeds an output (the activation quantisers, the scale products).
     live = {o.name for o in g.output}
     keep = []

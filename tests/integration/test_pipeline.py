@@ -168,6 +168,29 @@ def test_int8_manifests_record_batch_invariance(built: dict[str, Any]) -> None:
     assert emb["invariant"] is (emb["max_abs_diff"] <= 1e-4)
 
 
+def test_rowwise_int8_is_row_invariant_and_near_fp32(built: dict[str, Any], tmp_path: Path) -> None:
+    """The other measured route: per-row activation scales on the MatMulInteger kernel."""
+    import numpy as np
+
+    from engine.runtime.session import OrtModel, SessionSettings
+
+    fp32, rowwise = built["nli"][0] / "model.onnx", tmp_path / "rw.onnx"
+    settings = graph.rowwise_int8(fp32, rowwise)
+    assert settings["weights_requantised"] > 0 and settings["method"] == "rowwise"
+    ops = graph.op_counts(rowwise)
+    assert ops.get("MatMulInteger", 0) == settings["weights_requantised"]
+    assert "DynamicQuantizeLinear" not in ops
+    tok = built["nli"][0] / "tokenizer.json"
+    got = {}
+    for name, path in (("rw", rowwise), ("fp32", fp32)):
+        model = OrtModel(path, SessionSettings(allow_spinning=False))
+        run = lambda f, m=model: m.run(f)[0].astype(np.float64)  # noqa: E731
+        inv = checks.batch_invariance(tok, checks.PAIRS, run, max_length=64, pad_id=0)
+        assert inv["invariant"], (name, inv)
+        got[name] = checks.gather(checks.encode(tok, checks.PAIRS, max_length=64, pad_id=0), run)
+    assert np.abs(got["rw"] - got["fp32"]).max() < 0.05
+
+
 def test_blockwise_keeps_dynamic_int8_weights_exactly(
     built: dict[str, Any], tmp_path: Path
 ) -> None:
