@@ -37,6 +37,7 @@ __all__ = [
     "Unreadable",
     "classify",
     "compare",
+    "cpu_mismatch",
     "flatten",
     "flatten_run",
     "headline_rows",
@@ -287,6 +288,47 @@ def _describe(label: str, path: Path, doc: dict[str, Any]) -> str:
     )
 
 
+def _machine_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """The run's machine record: top level, or the first part's (a suite holds one per part)."""
+    machine = doc.get("machine")
+    if isinstance(machine, dict):
+        return machine
+    for value in doc.values():
+        if isinstance(value, dict) and isinstance(value.get("machine"), dict):
+            return dict(value["machine"])
+    return {}
+
+
+def cpu_mismatch(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """A warning when the two runs come from different CPUs (model, usable cores or ISA flags):
+    then even a same-run ratio may move (AMX or VNNI changes which kernel wins), and absolute
+    figures are not comparable at all. None when both match or either run does not say."""
+    a, b = _machine_of(old), _machine_of(new)
+    if not a or not b:
+        return None
+    differences = []
+    if a.get("cpu") != b.get("cpu"):
+        differences.append(f"CPU {a.get('cpu')!r} -> {b.get('cpu')!r}")
+    if a.get("usable_cores") != b.get("usable_cores"):
+        differences.append(f"usable cores {a.get('usable_cores')} -> {b.get('usable_cores')}")
+    isa_a, isa_b = set(a.get("isa") or ()), set(b.get("isa") or ())
+    if isa_a != isa_b:
+        gone, added = sorted(isa_a - isa_b), sorted(isa_b - isa_a)
+        differences.append(
+            "ISA flags"
+            + (f" lost {' '.join(gone)}" if gone else "")
+            + (f" gained {' '.join(added)}" if added else "")
+        )
+    if not differences:
+        return None
+    return (
+        "WARNING: the two runs come from different machines ("
+        + "; ".join(differences)
+        + "): absolute figures are not comparable, and same-run ratios may move with the "
+        "kernels each CPU offers"
+    )
+
+
 def render(
     rows: Sequence[Row],
     only_old: Sequence[str],
@@ -360,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, only_old, only_new = compare(old, new)
     print(_describe("old", args.old, old))
     print(_describe("new", args.new, new))
+    warning = cpu_mismatch(old, new)
+    if warning:
+        print(warning)
     print(LEGEND)
     heads = headline_rows(old, new)
     if heads:

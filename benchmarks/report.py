@@ -91,10 +91,13 @@ def _runtime(result: dict[str, Any], part: str = "runtime") -> list[Headline]:
     for label, rec in (result.get("targets") or {}).items():
         ratio = " vs " in label
         unit = "x" if ratio else "pairs/s"
+        span = ""
+        if rec.get("round_min") is not None:
+            span = f", rounds {rec['round_min']:.2f}-{rec['round_max']:.2f}"
         out.append(
             Headline(
                 part,
-                f"{label} (batch {rec.get('batch', '?')})",
+                f"{label} (batch {rec.get('batch', '?')}{span})",
                 _num(rec.get("value")),
                 unit,
                 f">= {rec.get('target'):g}{'x' if ratio else ''}",
@@ -352,6 +355,35 @@ def _sweep_table(result: dict[str, Any], section: str) -> str:
     return md_table(["engine", *(f"batch {b}" for b in sizes)], rows)
 
 
+def _ceiling_lines(result: dict[str, Any]) -> list[str]:
+    """Each model's rate as a fraction of what the measured GEMM throughput allows."""
+    ceiling, fractions = result.get("gemm_ceiling"), result.get("ceiling_fractions")
+    if not isinstance(ceiling, dict) or not isinstance(fractions, dict):
+        return []
+    gops = ceiling.get("gops") or {}
+    out = [
+        "",
+        f"GEMM ceiling on {ceiling.get('shape_mkn')} ({ceiling.get('int8_kernel_isa')}, AMX "
+        f"{'yes' if ceiling.get('amx') else 'no'}): fp32 {_rate(gops.get('fp32'))}, int8 "
+        f"{_rate(gops.get('int8'))}, blockwise {_rate(gops.get('blockwise'))} GOPS. At batch "
+        f"{fractions.get('batch')}, each engine as a fraction of the ceiling of its kernel:",
+        "",
+    ]
+    rows = []
+    for what, unit in (("nli", "pairs/s"), ("embedder", "embeddings/s")):
+        for name, f in (fractions.get(what) or {}).items():
+            if isinstance(f, dict) and f.get("fraction") is not None:
+                rows.append(
+                    [
+                        f"{what}: {name}",
+                        f"{_rate(f.get('items_per_s'))} {unit}",
+                        f"{_rate(f.get('ceiling_items_per_s'))} ({f.get('kernel')})",
+                        f"{f['fraction']:.1%}",
+                    ]
+                )
+    return out + [md_table(["engine", "rate", "ceiling", "fraction"], rows)] if rows else []
+
+
 def _runtime_section(result: dict[str, Any]) -> list[str]:
     out = [
         "Embeddings/s (x = ratio to PyTorch at the same batch size, same run):",
@@ -362,6 +394,7 @@ def _runtime_section(result: dict[str, Any]) -> list[str]:
         "",
         _sweep_table(result, "nli"),
     ]
+    out += _ceiling_lines(result)
     drift_key = next((k for k in result if k.startswith("drift_minilm_")), None)
     if drift_key:
         d = result[drift_key]

@@ -23,8 +23,10 @@ __all__ = [
     "CHECK_SET_ID",
     "PAIRS",
     "TEXTS",
+    "INVARIANCE_ATOL",
     "Batch",
     "Tolerance",
+    "batch_invariance",
     "compare",
     "check",
     "encode",
@@ -166,6 +168,47 @@ def compare(got: np.ndarray, ref: np.ndarray, *, task: str) -> dict[str, Any]:
         agree = got.argmax(axis=1) == ref.argmax(axis=1)
         figures.update(argmax_agreement=float(agree.mean()))
     return figures
+
+
+INVARIANCE_ATOL = 1e-4
+"""Largest change of an output (logit or pooled component) that still counts as the same result
+when an input is run alone and inside a batch: fp32 noise from a wider padded width is ~1e-6; a
+per-tensor activation scale moves a logit by 0.1-1."""
+
+
+def batch_invariance(
+    tokenizer_path: Path,
+    items: Sequence[str] | Sequence[tuple[str, str]],
+    run: Runner,
+    *,
+    max_length: int,
+    pad_id: int,
+    static_length: int | None = None,
+) -> dict[str, Any]:
+    """Whether each item's output is the same alone as inside one batch of all ``items``
+    (mixed lengths, so a short item is padded to the longest): the figure that decides if a
+    graph may batch freely (``row_invariant``)."""
+
+    def batches(size: int) -> list[Batch]:
+        return encode(
+            tokenizer_path,
+            items,
+            max_length=max_length,
+            pad_id=pad_id,
+            batch_size=size,
+            static_length=static_length,
+        )
+
+    alone = gather(batches(1), run)
+    together = gather(batches(len(items)), run)
+    diff = float(np.abs(alone - together).max())
+    return {
+        "max_abs_diff": diff,
+        "atol": INVARIANCE_ATOL,
+        "invariant": diff <= INVARIANCE_ATOL,
+        "batch": len(items),
+        "check_set": CHECK_SET_ID,
+    }
 
 
 def check(figures: dict[str, Any], tol: Tolerance, *, what: str) -> None:

@@ -20,7 +20,11 @@ from typing import Any
 from engine.errors import ModelError
 
 __all__ = [
+    "BLOCKWISE_BLOCK",
     "OPTIMIZABLE_TYPES",
+    "blockwise_int8",
+    "rowwise_int8",
+    "dequantize",
     "quiet",
     "detect_isa",
     "op_counts",
@@ -216,3 +220,335 @@ def opset_of(path: Path) -> int | None:
         if entry.domain in ("", "ai.onnx"):
             return int(entry.version)
     return None
+
+
+# --------------------------------------------------------------------------- row-invariant int8
+
+BLOCKWISE_BLOCK = 32
+"""K-block of the blockwise int8 graphs: weights carry one scale per (column, block) and, at
+accuracy level 4, ONNX Runtime quantises each row's activations per block of this size."""
+
+
+def _weight_blocks(q: Any, block: int) -> Any:
+    """``[K, N]`` uint8 codes as MatMulNBits wants them: ``[N, K / block, block]``."""
+    import numpy as np
+
+    k, n = q.shape
+    return np.ascontiguousarray(q.T.reshape(n, k // block, block))
+
+
+def _int8_blocks(w: Any, block: int) -> tuple[Any, Any]:
+    """Symmetric 8-bit codes (uint8 ``[K, N]``, zero point 128) and scales (``[N, K / block]``)
+    of an fp32 ``[K, N]`` weight, one scale per (column, K-block)."""
+    import numpy as np
+
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // block, block).astype(np.float32)
+    amax = np.abs(blocks).max(axis=2)
+    scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(blocks / scales[:, :, None]), -127, 127).astype(np.int16) + 128
+    return np.ascontiguousarray(codes.astype(np.uint8).reshape(n, k).T), scales
+
+
+def _node_inputs(node: Any) -> set[str]:
+    """A node's inputs, with the outer-scope names its subgraphs (``If`` branches) read."""
+    names = {i for i in node.input if i}
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            inner = {o for n in sub.node for o in n.output} | {i.name for i in sub.initializer}
+            for n in sub.node:
+                names |= _node_inputs(n) - inner
+    return names
+
+
+def blockwise_int8(
+    model_in: Path,
+    model_out: Path,
+    *,
+    block_size: int = BLOCKWISE_BLOCK,
+    accuracy_level: int = 4,
+    dynamic_length: bool = False,
+) -> dict[str, Any]:
+    """Rewrite every MatMul with a constant weight as ``MatMulNBits`` (8-bit weights, one scale
+    per column and K-block; activations quantised per row and block at ``accuracy_level`` 4), so
+    that no row's result depends on the other rows of its batch.
+
+    Two kinds of input graph are handled:
+
+    - fp32 ``MatMul(x, W)``: ``W`` is quantised symmetrically per (column, block);
+    - a dynamically quantised ``DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul(scale)``
+      chain (``quantize_dynamic``'s output, the shipped aegis graph): its int8 weights are kept
+      *exactly* (code + 128, the tensor's scale in every block), only the per-tensor activation
+      quantisation, which couples a batch's rows, is replaced.
+
+    ``dynamic_length`` turns a fixed sequence axis of the inputs into a symbolic one (the caller
+    checks the result against the padded graph). Returns the settings used."""
+    counts = _rewrite(
+        model_in,
+        model_out,
+        target="blockwise",
+        block_size=block_size,
+        accuracy_level=accuracy_level,
+        dynamic_length=dynamic_length,
+    )
+    return {
+        "method": "blockwise",
+        "tool": "memgate.pipeline.graph.blockwise_int8 (com.microsoft.MatMulNBits)",
+        "bits": 8,
+        "block_size": block_size,
+        "accuracy_level": accuracy_level,
+        "activations": "int8 per row and K-block (no scale is shared between rows)",
+        **counts,
+        "dynamic_length": dynamic_length,
+    }
+
+
+def rowwise_int8(
+    model_in: Path, model_out: Path, *, dynamic_length: bool = False
+) -> dict[str, Any]:
+    """Like :func:`blockwise_int8`, but each constant-weight MatMul becomes ONNX Runtime's
+    u8 x s8 ``MatMulInteger`` (the dynamic int8 kernel, VNNI/AMX where the CPU has them) on
+    activations quantised symmetrically *per row* by standard ops (max |x| / 127, zero point
+    128): row-invariant like blockwise, on the faster kernel. Weights: int8 per column (a
+    dynamic int8 graph's are kept exactly)."""
+    counts = _rewrite(model_in, model_out, target="rowwise", dynamic_length=dynamic_length)
+    return {
+        "method": "rowwise",
+        "tool": "memgate.pipeline.graph.rowwise_int8 (MatMulInteger, per-row activation scales)",
+        "bits": 8,
+        "activations": "uint8 per row, symmetric (zero point 128); no scale shared between rows",
+        **counts,
+        "dynamic_length": dynamic_length,
+    }
+
+
+def dequantize(model_in: Path, model_out: Path, *, dynamic_length: bool = False) -> dict[str, Any]:
+    """The fp32 reference of a dynamically quantised graph: each ``MatMulInteger`` chain becomes
+    an fp32 ``MatMul`` on its dequantised weight (the same weights, activations unquantised).
+    Used to measure a shipped int8 graph's drift when no fp32 export of it exists."""
+    counts = _rewrite(model_in, model_out, target="fp32", dynamic_length=dynamic_length)
+    return {"tool": "memgate.pipeline.graph.dequantize", **counts}
+
+
+def _rewrite(
+    model_in: Path,
+    model_out: Path,
+    *,
+    target: str,
+    block_size: int = BLOCKWISE_BLOCK,
+    accuracy_level: int = 4,
+    dynamic_length: bool = False,
+) -> dict[str, int]:
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    try:
+        model = onnx.load(str(model_in))
+    except Exception as exc:  # onnx raises untyped errors
+        raise ModelError(f"cannot read {model_in.name}: {exc}") from exc
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def constant(name: str) -> Any | None:
+        if name in inits:
+            return numpy_helper.to_array(inits[name])
+        node = producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute:
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    replaced: dict[int, Any] = {}
+    dropped: set[int] = set()
+    added: list[Any] = []
+    counts = {"weights_kept_exact": 0, "weights_requantised": 0, "matmuls_left": 0}
+
+    def emit(node: Any, x: str, out: str, weight: Any) -> None:
+        """``out = x @ weight`` in the target form; ``weight`` is fp32 ``[K, N]`` or a tuple of
+        uint8 codes ``[K, N]`` and ``[N, K / block]`` scales."""
+        base = (node.name or out).replace("/", "_").strip("_")
+        if target == "fp32":
+            added.append(numpy_helper.from_array(weight.astype(np.float32), f"{base}_w"))
+            replaced[id(node)] = helper.make_node("MatMul", [x, f"{base}_w"], [out], name=base)
+            return
+        codes, scales = weight if isinstance(weight, tuple) else _int8_blocks(weight, block_size)
+        k, n = codes.shape
+        b_name, s_name = f"{base}_nb8_codes", f"{base}_nb8_scales"
+        added.append(numpy_helper.from_array(_weight_blocks(codes, block_size), b_name))
+        added.append(numpy_helper.from_array(scales.reshape(-1).astype(np.float32), s_name))
+        replaced[id(node)] = helper.make_node(
+            "MatMulNBits",
+            [x, b_name, s_name],
+            [out],
+            name=f"{base}_nb8",
+            domain="com.microsoft",
+            K=k,
+            N=n,
+            bits=8,
+            block_size=block_size,
+            accuracy_level=accuracy_level,
+        )
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    shared: dict[str, str] = {}
+
+    def const(name: str, value: Any) -> str:
+        if name not in shared:
+            added.append(numpy_helper.from_array(np.asarray(value), name))
+            shared[name] = name
+        return name
+
+    def emit_rowwise(node: Any, x: str, out: str, w: Any, scale: Any) -> None:
+        """``out = x @ W`` with int8 ``W`` (``[K, N]``, per-column ``scale``) and ``x``
+        quantised symmetrically *per row* (scale = the row's max |x| / 127, zero point 128):
+        ONNX Runtime's u8 x s8 MatMulInteger kernel, and no scale shared between rows."""
+        base = (node.name or out).replace("/", "_").strip("_") + "_rq"
+        t = f"{base}/"
+        absx = helper.make_node("Abs", [x], [t + "abs"])
+        if opset >= 18:
+            axes = const("rowwise_axes", np.array([-1], np.int64))
+            amax = helper.make_node("ReduceMax", [t + "abs", axes], [t + "amax"], keepdims=1)
+        else:
+            amax = helper.make_node("ReduceMax", [t + "abs"], [t + "amax"], axes=[-1], keepdims=1)
+        floor = helper.make_node(
+            "Max", [t + "amax", const("rowwise_eps", np.float32(1e-12))], [t + "amax1"]
+        )
+        xs = helper.make_node(
+            "Mul", [t + "amax1", const("rowwise_inv127", np.float32(1 / 127))], [t + "xs"]
+        )
+        div = helper.make_node("Div", [x, t + "xs"], [t + "div"])
+        rnd = helper.make_node("Round", [t + "div"], [t + "rnd"])
+        shift = helper.make_node(
+            "Add", [t + "rnd", const("rowwise_128f", np.float32(128))], [t + "shift"]
+        )
+        q = helper.make_node("Cast", [t + "shift"], [t + "q"], to=onnx.TensorProto.UINT8)
+        w_name = f"{base}_w"
+        added.append(numpy_helper.from_array(w.astype(np.int8), w_name))
+        mm = helper.make_node(
+            "MatMulInteger",
+            [t + "q", w_name, const("rowwise_zp128", np.uint8(128))],
+            [t + "int"],
+            name=base,
+        )
+        cast = helper.make_node("Cast", [t + "int"], [t + "f"], to=onnx.TensorProto.FLOAT)
+        ws = f"{base}_wscale"
+        added.append(numpy_helper.from_array(scale.astype(np.float32), ws))
+        m1 = helper.make_node("Mul", [t + "f", t + "xs"], [t + "m1"])
+        m2 = helper.make_node("Mul", [t + "m1", ws], [out])
+        replaced[id(node)] = [absx, amax, floor, xs, div, rnd, shift, q, mm, cast, m1, m2]
+
+    for node in g.node:
+        if node.op_type == "MatMulInteger":
+            chain = _dynamic_chain(node, producer, consumers, constant)
+            if chain is None or chain[2].shape[0] % block_size:
+                counts["matmuls_left"] += 1
+                continue
+            x, out, w, zp, scale, extra = chain
+            k, n = w.shape
+            centred = w.astype(np.int16) - zp[None, :]
+            if target == "fp32":
+                emit(node, x, out, centred.astype(np.float32) * scale[None, :])
+            elif centred.min() < -128 or centred.max() > 127:
+                counts["matmuls_left"] += 1
+                continue
+            elif target == "rowwise":
+                emit_rowwise(node, x, out, centred, scale)
+            else:
+                codes = (centred + 128).astype(np.uint8)
+                scales = np.repeat(scale[:, None], k // block_size, axis=1)
+                emit(node, x, out, (codes, scales.astype(np.float32)))
+            dropped.update(id(e) for e in extra)
+            counts["weights_kept_exact"] += 1
+        elif node.op_type == "MatMul" and target in ("blockwise", "rowwise"):
+            w = constant(node.input[1])
+            if w is None or w.dtype != np.float32 or w.ndim != 2 or w.shape[0] % block_size:
+                continue
+            if target == "rowwise":
+                amax = np.abs(w).max(axis=0)
+                scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+                codes = np.clip(np.rint(w / scale[None, :]), -127, 127).astype(np.int8)
+                emit_rowwise(node, node.input[0], node.output[0], codes, scale)
+            else:
+                emit(node, node.input[0], node.output[0], w)
+            counts["weights_requantised"] += 1
+
+    nodes: list[Any] = []
+    for n in g.node:
+        if id(n) not in dropped:
+            new = replaced.get(id(n), n)
+            nodes.extend(new if isinstance(new, list) else [new])
+    # Drop what no longer feeds an output (the activation quantisers, the scale products).
+    live = {o.name for o in g.output}
+    keep = []
+    for n in reversed(nodes):
+        if any(o in live for o in n.output):
+            keep.append(n)
+            live.update(_node_inputs(n))
+    keep.reverse()
+    del g.node[:]
+    g.node.extend(keep)
+    used = {i for n in keep for i in _node_inputs(n)}
+    kept_inits = [i for i in list(g.initializer) + added if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    if target == "blockwise" and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if dynamic_length:
+        for inp in g.input:
+            dims = inp.type.tensor_type.shape.dim
+            if len(dims) == 2 and dims[1].HasField("dim_value"):
+                dims[1].ClearField("dim_value")
+                dims[1].dim_param = "sequence"
+        del g.value_info[:]  # shapes inferred for the fixed length would now be wrong
+    try:
+        onnx.save(model, str(model_out))
+    except Exception as exc:  # onnx raises untyped errors
+        raise ModelError(f"cannot write {model_out.name}: {exc}") from exc
+    return counts
+
+
+def _dynamic_chain(
+    node: Any,
+    producer: dict[str, Any],
+    consumers: dict[str, list[Any]],
+    constant: Any,
+) -> tuple[str, str, Any, Any, Any, list[Any]] | None:
+    """``DynamicQuantizeLinear(x) -> MatMulInteger(., W) -> Cast -> Mul(x_scale * w_scale)``
+    as (x, the Mul's output, int8 W, W's zero points and scales per column, the nodes it
+    replaces); None when ``node`` is not the head of such a chain with a constant weight."""
+    import numpy as np
+
+    x_q, w_q, _, w_zp = (list(node.input) + [""] * 4)[:4]
+    dql = producer.get(x_q)
+    after = consumers.get(node.output[0], [])
+    cast = after[0] if len(after) == 1 and after[0].op_type == "Cast" else None
+    muls = consumers.get(cast.output[0], []) if cast is not None else []
+    mul = muls[0] if len(muls) == 1 and muls[0].op_type == "Mul" else None
+    scales = producer.get(mul.input[1]) if mul is not None else None
+    w = constant(w_q)
+    if (
+        dql is None
+        or dql.op_type != "DynamicQuantizeLinear"
+        or mul is None
+        or scales is None
+        or scales.op_type != "Mul"
+        or w is None
+        or w.dtype != np.int8
+        or w.ndim != 2
+    ):
+        return None
+    w_scale_name = next((i for i in scales.input if i != dql.output[1]), None)
+    w_scale = constant(w_scale_name) if w_scale_name else None
+    zp = constant(w_zp) if w_zp else np.zeros((), np.int8)
+    n = w.shape[1]
+    if w_scale is None or zp is None or w_scale.size not in (1, n) or zp.size not in (1, n):
+        return None
+    # per tensor or per column (quantize_dynamic's per_channel): one value per column either way
+    scale = np.broadcast_to(w_scale.astype(np.float32).reshape(-1), (n,)).copy()
+    zero = np.broadcast_to(zp.astype(np.int16).reshape(-1), (n,)).copy()
+    return dql.input[0], mul.output[0], w, zero, scale, [cast, mul]

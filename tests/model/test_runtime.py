@@ -78,7 +78,6 @@ def test_offline_contradiction_model_on_the_seed_examples(cache_dir: Path) -> No
     manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
     nli = NLIScorer(manifest)
     denver = "The customer's office is in Denver."
-    # scored one pair per call: dynamic int8 quantises activations per batch (see README)
     chicago = nli.contradiction([(denver, "The customer's office is in Chicago.")])[0]
     cello = nli.contradiction([(denver, "The customer is learning to play the cello.")])[0]
     assert chicago > 0.95
@@ -142,20 +141,28 @@ def test_cuda_is_refused_clearly_without_a_gpu(cache_dir: Path) -> None:
 
 
 def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> None:
-    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
     pair = ("The customer's office is in Denver.", "The customer is learning to play the cello.")
     mates = [
         ("Maya lives in Denver, Colorado.", "Maya moved to Austin last month."),
         ("Maya lives in Denver, Colorado.", "Maya lives in Austin."),
         ("The customer's office is in Denver.", "The customer's office is in Chicago."),
     ]
-    nli = NLIScorer(manifest)  # row_invariant="auto": on, the manifest records quantisation
+    batch = [pair, *mates]
+    # the default aegis variant is blockwise int8: measured invariant, so it batches
+    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
+    assert manifest.variant == "int8" and manifest.extra["batch_invariance"]["invariant"]
+    nli = NLIScorer(manifest)
+    assert not nli.row_invariant and nli.max_batch == BatchSettings().max_batch
+    apart = np.array([nli.contradiction([p])[0] for p in batch])
+    np.testing.assert_allclose(nli.contradiction(batch), apart, atol=1e-4)
+    # the imported graph scales activations per tensor: "auto" runs it one pair per pass ...
+    imported = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli", nli_variant="imported"), "cpu")
+    nli = NLIScorer(imported)
     assert nli.row_invariant
     alone = nli.contradiction([pair])[0]
-    np.testing.assert_allclose(nli.contradiction([pair, *mates])[0], alone, atol=1e-6)
-    # what "auto" protects against: batched, the pair's score moves with its batch-mates
-    coupled = NLIScorer(manifest, batching=BatchSettings(row_invariant="off"))
-    batch = [pair, *mates]
+    np.testing.assert_allclose(nli.contradiction(batch)[0], alone, atol=1e-6)
+    # ... because, batched, the pair's score moves with its batch-mates
+    coupled = NLIScorer(imported, batching=BatchSettings(row_invariant="off"))
     together = coupled.contradiction(batch)
     apart = np.array([coupled.contradiction([p])[0] for p in batch])
     assert np.abs(together - apart).max() > 0.05
