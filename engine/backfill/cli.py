@@ -104,7 +104,7 @@ def register(subparsers: Any) -> None:
 
 # -- the command ---------------------------------------------------------------------------------
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from engine.backfill.job import BackfillSettings, GateDecider, Job, Source, StreamDecider
+    from engine.backfill.job import BackfillSettings, EngineDecider, Job, Source, StreamDecider
     from engine.backfill.readers import columns
     from engine.backfill.rows import parse_map
 
@@ -148,9 +148,9 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 from engine.app import open_engine
                 from engine.cli import _engine_settings
 
-                with open_engine(_engine_settings(args)) as eng:
+                with open_engine(_engine_settings(args)) as eng, eng.sync() as core:
                     job.settings = _with_limits(settings, eng.gate.settings)
-                    decider = GateDecider(eng.gate, args.policy, apply=not args.dry_run)
+                    decider = EngineDecider(core, args.policy, apply=not args.dry_run)
                     result = job.run(decider)
         except KeyboardInterrupt:
             print(

@@ -23,10 +23,10 @@ __all__ = ["register"]
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.app import open_engine
     from engine.cli import _engine_settings
+    from engine.core.queue import QueueSettings
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
     from engine.server.logs import install_json_logging
-    from engine.server.queue import QueueSettings
     from engine.server.server import ServerSettings, serve
 
     if args.log_format == "json":

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import DeadlineExceeded, InvalidInput, StorageError, Unavailable
-from engine.server.admission import Permits
-from engine.server.batcher import Batcher
-from engine.server.queue import Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
+from engine.core.admission import Permits
+from engine.core.batcher import Batcher
+from engine.core.queue import Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
 
 
 def entry(
