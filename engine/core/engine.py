@@ -556,6 +556,11 @@ class _Stream:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.stop = engine._stop_streams or asyncio.Event()
 
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the writer raises it in order, or it was not needed
+
     async def _unless_stopped(self, aw: Awaitable[T]) -> T | object:
         """``aw``'s result, or ``_STOPPED`` when shutdown began first (``aw`` is cancelled)."""
         if self.stop.is_set():
@@ -609,7 +614,7 @@ class _Stream:
                     engine._stream_one(fact, self.group, self.deadline, source)
                 )
                 self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                task.add_done_callback(self._done)
                 self.pending.put_nowait(_Pending(index, time.perf_counter(), task))
                 index += 1
         except Exception as exc:  # handed to the writer, which raises it in order

@@ -126,6 +126,7 @@ class SyncEngine:
             return
         try:
             self.run_sync(self.engine.close)
+            self.run_sync(self._loop.shutdown_asyncgens)
         finally:
             self._feed.shutdown(wait=False, cancel_futures=True)
             self._loop.call_soon_threadsafe(self._loop.stop)
