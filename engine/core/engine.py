@@ -14,8 +14,9 @@ on nothing that does I/O, and the factory at the edge (``engine.app.build_engine
 gate's own checks in.
 
 Admission (TEI's ``--max-concurrent-requests``): requests take one permit per fact and are
-refused with ``Overloaded`` only when ``max_queued_facts`` are queued or in the model; inside
-that bound they queue and their own deadlines decide. Streams wait for permits instead.
+refused with ``Overloaded`` when ``max_queued_facts`` are queued or in the model, or when their
+own deadline cannot be met by the queue ahead of them (``admit_by_deadline``); otherwise they
+queue. Streams wait for permits instead.
 
 Streams (:meth:`Engine.stream`) release decisions fact by fact, in order, as each fact's batch
 commits; at most ``max_source_facts`` facts of one stream share a model call. On shutdown
@@ -113,6 +114,14 @@ class CoreSettings:
     carry deadlines, and a tight budget sheds closed loops that would have been served."""
     min_admitted_facts: int = 16
     """Floor of the delay-derived bound."""
+    admit_by_deadline: bool = True
+    """Refuse (``Overloaded``) at the door a request whose deadline the queue cannot meet:
+    the facts queued or in the model, plus its own, at the measured seconds per fact (times
+    ``deadline_headroom``) would take longer than its remaining time. It would only wait and
+    fail with DEADLINE_EXCEEDED; refused at once it can retry elsewhere. Requests without a
+    deadline, and streams, are bounded by ``max_queued_facts`` alone."""
+    deadline_headroom: float = 1.25
+    """How much longer than the estimate a request's wait may turn out (batches vary)."""
     stream_window: int = 256
     """Most facts of one stream in flight (queued or in the model); the reader waits beyond."""
     io_threads: int = 4
@@ -127,6 +136,7 @@ class CoreSettings:
             ),
             (1 <= self.min_admitted_facts <= 10_000_000, "min_admitted_facts must be in [1, 1e7]"),
             (1 <= self.stream_window <= 100_000, "stream_window must be in [1, 100000]"),
+            (1.0 <= self.deadline_headroom <= 100.0, "deadline_headroom must be in [1, 100]"),
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
         ]
         for ok, message in checks:
@@ -380,9 +390,18 @@ class Engine:
         )
         return served, tokenize
 
-    def _admit(self, n: int) -> None:
+    def _admit(self, n: int, deadline: float | None) -> None:
         if self.batcher.dead is not None:
             raise refusal(self.batcher.dead)
+        per_fact = self.batcher.seconds_per_fact
+        if deadline is not None and per_fact is not None and self.settings.admit_by_deadline:
+            wait = (self.permits.in_use + n) * per_fact * self.settings.deadline_headroom
+            left = deadline - asyncio.get_running_loop().time()
+            if wait > left:
+                raise Overloaded(
+                    f"the queue holds about {wait:.1f} s of work, more than this request's "
+                    f"deadline leaves ({max(0.0, left):.1f} s); retry with backoff"
+                )
         if not self.permits.try_acquire(n):
             raise Overloaded("the server is at capacity; retry with backoff")
 
@@ -416,7 +435,7 @@ class Engine:
         for i, fact in enumerate(facts):
             self.check_fact(fact, i)
         n = len(facts)
-        self._admit(n)
+        self._admit(n, deadline)
         try:
             served, tokenize = await self._queue(
                 ModelWork(facts=tuple(facts)), [f.text for f in facts], group, deadline
@@ -436,7 +455,7 @@ class Engine:
             raise InvalidInput(f"query: {exc}") from None
         if not 1 <= k <= 1000:
             raise InvalidInput("k must be in [1, 1000]")
-        self._admit(1)
+        self._admit(1, deadline)
         try:
             served, tokenize = await self._queue(
                 ModelWork(query=(namespace, query, k)), [query], RECALL, deadline

@@ -71,6 +71,9 @@ class ServerSettings:
     min_admitted_facts: int = 16
     """The queue-delay budget never tightens the bound below this many facts in flight: enough
     for a useful batch when the machine is slow or busy."""
+    admit_by_deadline: bool = True
+    """Refuse with RESOURCE_EXHAUSTED, at once, a request whose deadline the queue ahead of it
+    cannot meet at the measured rate (instead of queueing it to fail with DEADLINE_EXCEEDED)."""
     batching: QueueSettings = field(default_factory=QueueSettings)
     backfill_window: int = 256
     """Most facts of one Backfill stream in flight (queued or in the model)."""
@@ -190,6 +193,7 @@ class MemgateServer:
             max_queued_facts=s.max_queued_facts,
             max_queue_delay_s=s.max_queue_delay_s,
             min_admitted_facts=s.min_admitted_facts,
+            admit_by_deadline=s.admit_by_deadline,
             stream_window=s.backfill_window,
             io_threads=s.io_threads,
         )

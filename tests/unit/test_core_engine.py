@@ -307,3 +307,33 @@ def test_the_core_imports_no_grpc() -> None:
     code = "import sys, engine.core; print('grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_deadline_the_queue_cannot_meet_is_refused_at_the_door() -> None:
+    gate = FakeGate(delay=0.05)
+
+    async def main() -> tuple[list[Any], Any]:
+        eng = engine_for(gate)
+        await eng.start()
+        loop = asyncio.get_running_loop()
+        await eng.triage([Fact("ns", "warm")])  # measures ~0.05 s per fact
+        gate.gate_open.clear()
+        queued = [asyncio.ensure_future(eng.triage([Fact("ns", f"q{i}")])) for i in range(20)]
+        await asyncio.sleep(0.01)
+        # ~21 facts ahead at 0.05 s: about 1 s of work; 0.3 s cannot be met, 30 s can.
+        short = await asyncio.gather(
+            eng.triage([Fact("ns", "short")], deadline=loop.time() + 0.3), return_exceptions=True
+        )
+        patient = asyncio.ensure_future(
+            eng.triage([Fact("ns", "patient")], deadline=loop.time() + 30)
+        )
+        await asyncio.sleep(0.01)
+        gate.gate_open.set()
+        out = await asyncio.gather(*queued, patient, return_exceptions=True)
+        await eng.close()
+        return out, short[0]
+
+    out, short = run(main())
+    assert isinstance(short, Overloaded) and "deadline" in str(short)
+    assert all(isinstance(r, Triaged) for r in out)
+    assert "short" not in {t for call in gate.calls for t in call}
