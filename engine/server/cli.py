@@ -79,14 +79,15 @@ def _add_serve(sub: Any) -> None:
     p.add_argument(
         "--max-queued-facts",
         type=int,
-        default=512,
-        help="admission permits: facts queued or in the model",
+        default=1024,
+        help="admission permits: facts queued or in the model (beyond: RESOURCE_EXHAUSTED)",
     )
     p.add_argument(
         "--max-queue-delay-ms",
         type=float,
-        default=1000.0,
-        help="admit only what the worker finishes in this long at its measured rate (0: off)",
+        default=0.0,
+        help="also admit only what the worker finishes in this long at its measured rate "
+        "(default 0: off; requests' own deadlines decide)",
     )
     p.add_argument(
         "--min-admitted-facts",
@@ -101,8 +102,10 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--io-threads", type=int, default=4)
     p.add_argument(
         "--exact-tokens",
-        action="store_true",
-        help="count batch tokens with the tokenizer (default: len/4 estimate)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count batch tokens with the embedder's tokenizer (default; --no-exact-tokens: "
+        "a len/4 estimate)",
     )
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument(
