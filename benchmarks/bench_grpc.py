@@ -184,7 +184,7 @@ def baseline(
 def serve_main(args: argparse.Namespace) -> int:
     """``--serve``: open the store, serve it on a free port, print the port, run until SIGTERM."""
     from engine.app import open_engine
-    from engine.server.queue import QueueSettings
+    from engine.core.queue import QueueSettings
     from engine.server.server import MemgateServer, ServerSettings
 
     settings = ServerSettings(
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
-    from engine.server.queue import QueueSettings
+    from engine.core.queue import QueueSettings
     from engine.server.server import ServerSettings
 
     defaults = ServerSettings()

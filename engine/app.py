@@ -1,12 +1,18 @@
-"""Factories at the edge: build a ready :class:`Engine` from a data directory and a model cache."""
+"""Factories at the edge: build a ready :class:`Engine` from a data directory and a model cache,
+and the batching core (:class:`engine.core.Engine`) over a gate."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from engine.gate.gate import Gate, GateSettings
+from engine.core import CoreSettings, SyncEngine
+from engine.core import Engine as CoreEngine
+from engine.gate.gate import Gate, GateSettings, validate_fact
+from engine.gate.policy import policy_by_name
 from engine.index import IndexManager, IndexSettings
 from engine.pipeline.layout import DEFAULT_CACHE_DIR
 from engine.runtime.base import BatchSettings
@@ -14,7 +20,7 @@ from engine.runtime.loader import ModelChoice, load_models
 from engine.runtime.session import SessionSettings
 from engine.store import StoreSettings, open_store
 
-__all__ = ["Engine", "EngineSettings", "open_engine"]
+__all__ = ["Engine", "EngineSettings", "build_engine", "open_engine"]
 
 log = logging.getLogger("memgate")
 
@@ -41,10 +47,40 @@ class EngineSettings:
     says how large."""
 
 
+def build_engine(
+    gate: Any, settings: CoreSettings | None = None, *, exact_tokens: bool = True, **hooks: Any
+) -> CoreEngine:
+    """The batching core over ``gate``, with the gate's own checks and the embedder's tokenizer
+    (real token counts for the batch budget; ``exact_tokens=False``: the len/4 estimate) wired
+    in. ``hooks``: ``on_dead``, ``on_batch``."""
+    gate_settings = getattr(gate, "settings", None) or GateSettings()
+
+    def validate(fact: Any) -> None:
+        validate_fact(fact, gate_settings)
+
+    def check_policy(name: str, overrides: Mapping[str, Any]) -> None:
+        policy_by_name(name).with_overrides(dict(overrides))
+
+    lengths = getattr(getattr(gate, "embedder", None), "token_lengths", None)
+    counter = None
+    if exact_tokens and callable(lengths):
+
+        def counter(texts: Sequence[str]) -> list[int]:
+            return list(lengths(list(texts)))
+
+    return CoreEngine(
+        gate, settings, validate=validate, check_policy=check_policy, token_counter=counter, **hooks
+    )
+
+
 @dataclass
 class Engine:
     gate: Gate
     settings: EngineSettings
+
+    def sync(self, settings: CoreSettings | None = None) -> SyncEngine:
+        """A started, blocking batching core over this gate (close it before this engine)."""
+        return SyncEngine(build_engine(self.gate, settings))
 
     def close(self) -> None:
         """Snapshot the loaded indexes (graceful shutdown), then close the store."""

@@ -9,6 +9,7 @@ deciders, audit and checkpoint), :mod:`~engine.backfill.checkpoint`,
 
 from engine.backfill.job import (
     BackfillSettings,
+    EngineDecider,
     GateDecider,
     Job,
     JobResult,
@@ -19,6 +20,7 @@ from engine.backfill.rows import FieldMap, parse_map
 
 __all__ = [
     "BackfillSettings",
+    "EngineDecider",
     "FieldMap",
     "GateDecider",
     "Job",

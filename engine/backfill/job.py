@@ -15,8 +15,10 @@ checkpoint (:mod:`engine.backfill.checkpoint`) is written only after the batch's
 audit lines. A job killed at any moment and started again replays what may have been applied
 (``pending_through``) as replays of the first result, then goes on.
 
-The deciders are collaborators: :class:`GateDecider` (an in-process ``Gate``) and
-:class:`StreamDecider` (``MemgateClient.backfill``); tests pass their own.
+The deciders are collaborators: :class:`EngineDecider` (in process, the engine core's stream:
+the same dynamic batching, admission and per-fact release as the server), :class:`StreamDecider`
+(``MemgateClient.backfill``) and :class:`GateDecider` (one bare ``Gate.triage`` per batch, no
+core); tests pass their own.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from engine.types import Decision, Fact
 __all__ = [
     "BackfillSettings",
     "BatchDecider",
+    "EngineDecider",
     "GateDecider",
     "Job",
     "JobResult",
@@ -133,6 +136,18 @@ class GateDecider:
 
     def decide(self, facts: Sequence[Fact]) -> list[Decision]:
         return list(self._gate.triage(facts, self._policy, apply=self._apply).decisions)
+
+
+class EngineDecider:
+    """In process, through the engine core (:class:`engine.core.SyncEngine`): the stream path
+    the server's Backfill uses, so batching and release are the same as over gRPC."""
+
+    def __init__(self, engine: Any, policy: str, *, apply: bool) -> None:
+        self._engine, self._policy, self._apply = engine, policy, apply
+
+    def decide_stream(self, facts: Iterable[Fact]) -> Iterator[Decision]:
+        for item in self._engine.stream(facts, self._policy, apply=self._apply):
+            yield item.decision
 
 
 class StreamDecider:

@@ -105,7 +105,7 @@ def register(subparsers: Any) -> None:
 
 # -- the command ---------------------------------------------------------------------------------
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from engine.backfill.job import BackfillSettings, GateDecider, Job, Source, StreamDecider
+    from engine.backfill.job import BackfillSettings, EngineDecider, Job, Source, StreamDecider
     from engine.backfill.readers import columns
     from engine.backfill.rows import parse_map
     from engine.policy_file import PolicyFileGate, base_name, load_policy_file
@@ -154,15 +154,17 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 with client_from_args(args, timeout=None) as client:
                     result = job.run(StreamDecider(client, args.policy, dry_run=args.dry_run))
             else:
-                from engine.app import open_engine
+                from engine.app import build_engine, open_engine
+                from engine.core import SyncEngine
 
                 with open_engine(engine_settings(args)) as eng:
                     job.settings = _with_limits(settings, eng.gate.settings)
                     gate = (
                         eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
                     )
-                    decider = GateDecider(gate, args.policy, apply=not args.dry_run)
-                    result = job.run(decider)
+                    with SyncEngine(build_engine(gate)) as core:
+                        decider = EngineDecider(core, args.policy, apply=not args.dry_run)
+                        result = job.run(decider)
         except KeyboardInterrupt:
             print(
                 "\nmemgate backfill: aborted. Every row up to the last checkpoint is applied "

@@ -40,14 +40,15 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--max-queued-facts",
         type=int,
-        default=512,
-        help="admission permits: facts queued or in the model",
+        default=1024,
+        help="admission permits: facts queued or in the model (beyond: RESOURCE_EXHAUSTED)",
     )
     p.add_argument(
         "--max-queue-delay-ms",
         type=float,
-        default=1000.0,
-        help="admit only what the worker finishes in this long at its measured rate (0: off)",
+        default=0.0,
+        help="also admit only what the worker finishes in this long at its measured rate "
+        "(default 0: off; requests' own deadlines decide)",
     )
     p.add_argument(
         "--min-admitted-facts",
@@ -62,8 +63,10 @@ def register(sub: Any) -> None:
     p.add_argument("--io-threads", type=int, default=4)
     p.add_argument(
         "--exact-tokens",
-        action="store_true",
-        help="count batch tokens with the tokenizer (default: len/4 estimate)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count batch tokens with the embedder's tokenizer (default; --no-exact-tokens: "
+        "a len/4 estimate)",
     )
     p.add_argument("--log-format", choices=["json", "text"], default="json")
     p.add_argument(
@@ -76,10 +79,10 @@ def register(sub: Any) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(EngineSettings, ServerSettings, tokens) for ``args``; a bad flag is a usage error."""
+    from engine.core.queue import QueueSettings
     from engine.gate.gate import GateSettings
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
-    from engine.server.queue import QueueSettings
     from engine.server.server import ServerSettings
 
     if not 1 <= args.max_text_bytes <= 1_000_000:

@@ -1,9 +1,8 @@
 """The gRPC service: ``memgate serve``.
 
-Layering: ``server`` -> ``gate`` -> ``runtime`` / ``index`` / ``store``. Only this package (and
-``engine.client``) imports ``grpc``. The batching queue (``engine.server.queue``) and admission
-permits (``engine.server.admission``) are pure and import without grpc or the stubs, so names
-here are loaded lazily.
+Layering: ``server`` -> ``core`` -> ``gate`` -> ``runtime`` / ``index`` / ``store``. Only this
+package (and ``engine.client``) imports ``grpc``; the batching core (``engine.core``) is
+transport-free. Names here are loaded lazily, so importing the package loads no stubs.
 """
 
 from __future__ import annotations
@@ -13,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["Limits", "MemgateServer", "QueueSettings", "ServerSettings", "ServerThread", "serve"]
 
 if TYPE_CHECKING:
+    from engine.core.queue import QueueSettings
     from engine.server.convert import Limits
-    from engine.server.queue import QueueSettings
     from engine.server.server import MemgateServer, ServerSettings, ServerThread, serve
 
 _WHERE = {
     "Limits": "engine.server.convert",
-    "QueueSettings": "engine.server.queue",
+    "QueueSettings": "engine.core.queue",
     "MemgateServer": "engine.server.server",
     "ServerSettings": "engine.server.server",
     "ServerThread": "engine.server.server",

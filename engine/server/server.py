@@ -1,9 +1,15 @@
-"""The grpc.aio server: wiring of gate, batcher, admission, interceptor, health and metrics.
+"""The grpc.aio server: wiring of the engine core, interceptor, health and metrics.
 
 :class:`MemgateServer` is the async object (start / stop on the caller's loop);
 :func:`serve` runs one until SIGINT or SIGTERM (``memgate serve``); :class:`ServerThread`
 runs one on a private loop in a background thread (tests, benchmarks, embedding in a
 synchronous program).
+
+Shutdown keeps its word (``stop``): health turns NOT_SERVING and Health.Watch streams end with
+UNAVAILABLE; new calls are refused with UNAVAILABLE; streams stop reading new facts, deliver what
+commits within the grace period and end with UNAVAILABLE naming their last committed fact; no
+model call starts that would not end within the grace; then the listener, the engine and the
+threads stop.
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,16 +26,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from engine.app import build_engine
+from engine.core import Batcher, CoreSettings, ModelDone, ModelWork, Permits, QueueSettings
 from engine.errors import InvalidInput, StorageError
-from engine.server.admission import Permits
 from engine.server.auth import Auth
-from engine.server.batcher import Batcher
 from engine.server.convert import Limits
 from engine.server.interceptor import ServiceInterceptor
 from engine.server.metrics import Metrics
 from engine.server.proto import SERVICE_NAME, pb_grpc
-from engine.server.queue import QueueSettings
-from engine.server.service import MemgateService, ModelWork, run_model_batch
+from engine.server.service import MemgateService
 
 __all__ = ["MemgateServer", "ServerSettings", "ServerThread", "serve"]
 
@@ -56,17 +60,20 @@ class ServerSettings:
     """Text and metadata size limits, checked before decoding."""
     max_message_bytes: int = 16 << 20
     """gRPC receive/send message size limit."""
-    max_queued_facts: int = 512
-    """Admission permits: facts queued or in the model at once. Beyond it, RESOURCE_EXHAUSTED.
-    Sized so a full queue drains in a few batches: accepted requests keep a bounded latency."""
-    max_queue_delay_s: float | None = 1.0
-    """Also bound the facts in flight by what the worker finishes in this many seconds at its
-    measured rate, so accepted requests queue about this long at most on any hardware (a fixed
-    count that suits a GPU queues minutes of work on a small CPU box). Lower it for a tighter
-    latency bound, at the cost of smaller batches. None: ``max_queued_facts`` only."""
+    max_queued_facts: int = 1024
+    """Admission permits: facts queued or in the model at once (TEI's max concurrent
+    requests). Beyond it, RESOURCE_EXHAUSTED; inside it requests queue and their own deadlines
+    decide (an expired one is dropped before the model with DEADLINE_EXCEEDED)."""
+    max_queue_delay_s: float | None = None
+    """Optionally also bound the facts in flight by what the worker finishes in this many
+    seconds at its measured rate. Off by default: a 1 s budget shed 97.8% of a 32-client closed
+    loop whose clients carried 30 s deadlines. None: ``max_queued_facts`` only."""
     min_admitted_facts: int = 16
     """The queue-delay budget never tightens the bound below this many facts in flight: enough
     for a useful batch when the machine is slow or busy."""
+    admit_by_deadline: bool = True
+    """Refuse with RESOURCE_EXHAUSTED, at once, a request whose deadline the queue ahead of it
+    cannot meet at the measured rate (instead of queueing it to fail with DEADLINE_EXCEEDED)."""
     batching: QueueSettings = field(default_factory=QueueSettings)
     backfill_window: int = 256
     """Most facts of one Backfill stream in flight (queued or in the model)."""
@@ -82,8 +89,9 @@ class ServerSettings:
     tls_cert: bytes | None = None
     """PEM certificate chain; with ``tls_key``, the port speaks TLS only."""
     tls_key: bytes | None = None
-    exact_tokens: bool = False
-    """Count the batch budget with the embedder's tokenizer instead of the len/4 estimate."""
+    exact_tokens: bool = True
+    """Count the batch budget with the embedder's tokenizer (real token counts); False: the
+    len/4 estimate, which costs no tokenizer call at the door."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -117,6 +125,39 @@ class ServerSettings:
                 raise InvalidInput(message)
 
 
+class _Health(health_aio.HealthServicer):  # type: ignore[misc]
+    """grpc's health servicer, whose Watch streams end with UNAVAILABLE on shutdown (left to
+    the server's stop they are cut, and clients read INTERNAL)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ending: asyncio.Event | None = None
+
+    async def Watch(self, request: Any, context: Any) -> None:  # noqa: N802
+        if self._ending is None:
+            self._ending = asyncio.Event()
+        if self._ending.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        watch = asyncio.ensure_future(super().Watch(request, context))
+        ending = asyncio.ensure_future(self._ending.wait())
+        try:
+            await asyncio.wait({watch, ending}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+        if watch.done():
+            return watch.result()  # type: ignore[no-any-return]
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+
+    async def end_watches(self) -> None:
+        """After NOT_SERVING went out to the watchers, end their streams with UNAVAILABLE."""
+        await asyncio.sleep(0.05)  # let the watchers write NOT_SERVING first
+        if self._ending is None:
+            self._ending = asyncio.Event()
+        self._ending.set()
+
+
 class MemgateServer:
     """One gRPC server over one gate. Create, ``await start()``, ``await stop()``, on one loop."""
 
@@ -140,26 +181,38 @@ class MemgateServer:
         self.auth = Auth(tokens)
         self.metrics = metrics or Metrics()
         self._interceptor = ServiceInterceptor(SERVICE_NAME, self.auth, self.metrics)
-        self.permits = Permits(
-            s.max_queued_facts, max_delay_s=s.max_queue_delay_s, min_limit=s.min_admitted_facts
-        )
-        self.health = health_aio.HealthServicer()
+        self.health = _Health()
         self.port: int | None = None
         self.metrics_port: int | None = None
-        self._model = ThreadPoolExecutor(1, thread_name_prefix="memgate-model")
-        self._io = ThreadPoolExecutor(s.io_threads, thread_name_prefix="memgate-store")
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._store_watch: asyncio.Task[None] | None = None
-        self.batcher: Batcher[ModelWork, Any] = Batcher(
-            lambda group, works: run_model_batch(gate, group, works),
-            s.batching,
-            executor=self._model,
+        core = CoreSettings(
+            batching=s.batching,
+            max_queued_facts=s.max_queued_facts,
+            max_queue_delay_s=s.max_queue_delay_s,
+            min_admitted_facts=s.min_admitted_facts,
+            admit_by_deadline=s.admit_by_deadline,
+            stream_window=s.backfill_window,
+            io_threads=s.io_threads,
+        )
+        self.engine = build_engine(
+            gate,
+            core,
+            exact_tokens=s.exact_tokens,
             on_dead=self._worker_died,
             on_batch=self._batch_done,
         )
+
+    @property
+    def batcher(self) -> Batcher[ModelWork, ModelDone]:
+        return self.engine.batcher
+
+    @property
+    def permits(self) -> Permits:
+        return self.engine.permits
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> int:
@@ -169,20 +222,11 @@ class MemgateServer:
         await self._recover_index()
         if not self.auth.enabled:
             log.warning("no tokens file: authentication is OFF, every namespace is open")
-        self.batcher.start()
-        counter = None
-        embedder = getattr(self.gate, "embedder", None)
-        if s.exact_tokens and hasattr(embedder, "token_lengths"):
-            counter = embedder.token_lengths  # type: ignore[union-attr]
+        await self.engine.start()
         service = MemgateService(
-            self.gate,
-            self.batcher,
-            self.permits,
-            self._io,
+            self.engine,
             limits=s.limits,
             max_request_facts=s.max_request_facts,
-            backfill_window=s.backfill_window,
-            token_counter=counter,
             metrics=self.metrics,
         )
         options = [
@@ -207,9 +251,9 @@ class MemgateServer:
         if not self.port:
             raise InvalidInput(f"could not bind {address}")
         self.metrics.watch(
-            lambda: self.batcher.pending_facts,
-            lambda: self.permits.in_use,
-            lambda: self.permits.current_limit,
+            lambda: self.engine.pending_facts,
+            lambda: self.engine.permits.in_use,
+            lambda: self.engine.permits.current_limit,
         )
         self.metrics.describe(self.gate)
         if s.metrics_port:
@@ -233,9 +277,9 @@ class MemgateServer:
         return self.port
 
     async def stop(self, grace: float | None = None) -> None:
-        """Drain: health NOT_SERVING, new calls refused with UNAVAILABLE, in-flight calls
-        finish within ``grace`` seconds (default: settings) and are cancelled after it; then
-        the worker and the threads stop. Idempotent: a second call waits for the first."""
+        """Drain within ``grace`` seconds (default: settings), keeping the shutdown contract
+        (module docstring); calls still running after it are cancelled. Idempotent: a second
+        call waits for the first."""
         if self._stopping is None:
             self._stopping = asyncio.get_running_loop().create_task(self._stop(grace))
         await asyncio.shield(self._stopping)
@@ -244,17 +288,20 @@ class MemgateServer:
         grace = self.settings.grace_s if grace is None else grace
         if self._store_watch is not None:
             self._store_watch.cancel()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
         await self.health.enter_graceful_shutdown()
-        drained = await self._interceptor.drain(grace)
+        # Model calls must end, and their answers go out, before the grace does.
+        self.engine.stop_streams(end - min(0.25, grace / 4))
+        await self.health.end_watches()
+        drained = await self._interceptor.drain(max(0.0, end - loop.time()))
         log.info(
             "draining",
             extra={"fields": {"drained": drained, "in_flight": self._interceptor.in_flight}},
         )
         if self._server is not None:
             await self._server.stop(0.5 if drained else 0)
-        await self.batcher.close()
-        self._model.shutdown(wait=True)
-        self._io.shutdown(wait=True)
+        await self.engine.close()
         await self._snapshot_index()
         self.metrics.close()
         log.info("stopped")
@@ -267,7 +314,7 @@ class MemgateServer:
         if recover is None:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(self._io, recover)
+            await self.engine.run_io(recover)
         except StorageError:
             raise
         except Exception as exc:  # noqa: BLE001 - every load verifies its snapshot again
@@ -295,11 +342,10 @@ class MemgateServer:
 
     @property
     def serving(self) -> bool:
-        return self._stopping is None and self.batcher.alive
+        return self._stopping is None and self.engine.alive
 
-    def _batch_done(self, batch: Any, seconds: float) -> None:
-        self.permits.observe(batch.facts, seconds)
-        self.metrics.observe_batch(batch.facts, len(batch.entries))
+    def _batch_done(self, facts: int, entries: int, seconds: float) -> None:
+        self.metrics.observe_batch(facts, entries)
 
     def _watch_store(self) -> None:
         """A store on a database server (PostgreSQL) can be lost and come back: health says
@@ -311,9 +357,9 @@ class MemgateServer:
 
         async def watch() -> None:
             serving = True
-            while self._stopping is None and self.batcher.alive:
+            while self._stopping is None and self.engine.alive:
                 up = await asyncio.to_thread(ping, 1.0)
-                if up != serving and self._stopping is None and self.batcher.alive:
+                if up != serving and self._stopping is None and self.engine.alive:
                     serving = up
                     log.warning("store reachable" if up else "store unreachable; NOT_SERVING")
                     for name in ("", SERVICE_NAME):

@@ -753,3 +753,43 @@ def test_cli_target_runs_the_job_through_a_server(
     server.stop(grace=0)
     server.gate.store.close()
     Applied(tmp_path / "served.db").check_exactly_once(good_ids(lines))
+
+
+def test_in_process_engine_stream_matches_the_bare_gate_and_applies_exactly_once(
+    tmp_path: Path, models: tuple[Any, Any]
+) -> None:
+    """In process through the engine core (the server's stream path, per-fact release): every
+    row applied once, and keyed / episodic rows decided as the bare gate decides them."""
+    from engine.app import build_engine
+    from engine.backfill import EngineDecider
+    from engine.core import SyncEngine
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager
+    from engine.store import SQLiteStore
+
+    lines = crm_rows(80, seed=23, bad_every=30)
+    src = write_lines(tmp_path / "rows.jsonl", lines)
+    store = SQLiteStore(tmp_path / "memgate.db")
+    try:
+        gate = Gate(store, IndexManager(store.iter_active_embeddings), *models)
+        with SyncEngine(build_engine(gate)) as core:
+            result = Job(
+                Source.open(src),
+                BackfillSettings(batch=16),
+                destination="local:test",
+                audit=tmp_path / "audit.jsonl",
+                checkpoint=tmp_path / "checkpoint.json",
+            ).run(EngineDecider(core, "strict", apply=True))
+    finally:
+        store.close()
+    assert result.status == "finished"
+    assert [a["line"] for a in audit_lines(tmp_path / "audit.jsonl")] == list(range(1, 81))
+    engine_run = Applied(tmp_path / "memgate.db")
+    engine_run.check_exactly_once(good_ids(lines))
+    local = reference_run(models, lines, tmp_path / "local", batch=16)
+    keyed = {
+        json.loads(x)["id"]
+        for x in lines
+        if json.loads(x)["text"] and ("key" in json.loads(x) or "kind" in json.loads(x))
+    }
+    assert {r: engine_run.decisions()[r] for r in keyed} == {r: local.decisions()[r] for r in keyed}

@@ -762,16 +762,13 @@ def test_public_names_resolve() -> None:
     for name in engine.server.__all__:
         assert getattr(engine.server, name) is not None
     modules = [
-        "admission",
         "auth",
-        "batcher",
         "codegen",
         "convert",
         "interceptor",
         "logs",
         "metrics",
         "proto",
-        "queue",
         "reflection",
         "server",
         "service",
@@ -786,7 +783,7 @@ def test_public_names_resolve() -> None:
 def test_one_bad_request_does_not_fail_its_batch_neighbours() -> None:
     from types import SimpleNamespace
 
-    from engine.server.service import ModelWork, TriageGroup, run_model_batch
+    from engine.core import ModelDone, ModelWork, TriageGroup, run_model_batch
 
     class Strict:
         """Stands in for the gate: refuses any batch holding the text "bad"."""
@@ -804,6 +801,8 @@ def test_one_bad_request_does_not_fail_its_batch_neighbours() -> None:
         ModelWork((Fact("a/b", "bad"),)),
         ModelWork((Fact("a/b", "y"), Fact("a/b", "z"))),
     ]
-    out = run_model_batch(Strict(), TriageGroup("strict", (), False), works)
-    assert out[0][0] == ["x"] and isinstance(out[1], InvalidInput) and out[2][0] == ["y", "z"]
+    out = run_model_batch(Strict(), TriageGroup("strict", (), False), works)  # type: ignore[arg-type]
+    assert isinstance(out[0], ModelDone) and isinstance(out[2], ModelDone)
+    assert out[0].decisions == ("x",) and isinstance(out[1], InvalidInput)
+    assert out[2].decisions == ("y", "z")
     assert Strict.calls == 4  # the merged call, then one per request

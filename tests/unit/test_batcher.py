@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.core.admission import Permits
+from engine.core.batcher import Batcher
+from engine.core.queue import Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
 from engine.errors import DeadlineExceeded, InvalidInput, StorageError, Unavailable
-from engine.server.admission import Permits
-from engine.server.batcher import Batcher
-from engine.server.queue import Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
 
 
 def entry(

@@ -1,4 +1,4 @@
-"""The batcher's queue: pure token-budget batch assembly. No asyncio, no clock, no model.
+"""The engine's queue: pure token-budget batch assembly. No asyncio, no clock, no model.
 
 Requests arrive as :class:`Entry` objects (a payload the queue never looks at, a *group*, a fact
 count, a token count, an arrival time and an optional deadline). Only entries of one group can
@@ -12,7 +12,12 @@ share a model call (the server's groups are ``(policy, overrides, apply)`` for t
   first, so no group starves;
 * a batch takes the group's entries in arrival order while they fit the token and fact budget;
   the first entry always goes, so a request larger than the budget is served alone and never
-  split (a Write commits in one transaction).
+  split (a Write commits in one transaction);
+* an entry may name a *source* (one Backfill stream): a batch holds at most
+  ``max_source_facts`` facts of one source, and the cut stops at the first entry over that
+  cap. A stream's batch commits in one transaction and its decisions are released together,
+  so this bounds the gap between two decisions of one stream to one small batch's model time,
+  while concurrent streams and requests still share every model call.
 
 Arrival order is kept on purpose: writes to one namespace commit in the order they arrived.
 Padding is cut one layer down, where the runtime sorts a call's texts by token length and pads
@@ -54,6 +59,11 @@ class QueueSettings:
     max_wait_s: float = 0.002
     """How long the oldest entry may wait for company before a partial batch goes. The model
     being busy is the main batching window; this only helps when it is idle."""
+    max_source_facts: int = 1
+    """Most facts of one source (one Backfill stream) in one model call. A stream's decisions
+    come back as its batch commits: 1 releases them fact by fact, so the gap between two
+    decisions is one fact's model time. Larger values trade that gap for fewer model calls
+    when one stream is alone on the server."""
 
     def __post_init__(self) -> None:
         if not 16 <= self.max_batch_tokens <= 1 << 22:
@@ -66,6 +76,10 @@ class QueueSettings:
             )
         if not 0.0 <= self.max_wait_s <= 1.0:
             raise InvalidInput(f"max_wait_s must be in [0, 1] seconds, got {self.max_wait_s}")
+        if not 1 <= self.max_source_facts <= 100_000:
+            raise InvalidInput(
+                f"max_source_facts must be in [1, 100000], got {self.max_source_facts}"
+            )
 
 
 @dataclass(eq=False)
@@ -80,6 +94,9 @@ class Entry(Generic[P]):
     enqueued: float
     deadline: float | None = None
     """Absolute time on the queue's clock after which the entry is dropped; None: no deadline."""
+    source: Hashable | None = None
+    """The stream this entry belongs to (at most ``max_source_facts`` of its facts per batch);
+    None: a request of its own."""
     cancelled: bool = False
 
     def __post_init__(self) -> None:
@@ -225,10 +242,14 @@ class TokenBudgetQueue(Generic[P]):
         group = self._groups[key]
         taken: list[Entry[P]] = []
         facts = tokens = 0
+        per_source: dict[Hashable, int] = {}
         while group.entries:
             e = group.entries[0]
+            mine = per_source.get(e.source, 0) if e.source is not None else 0
             if taken and (
-                facts + e.facts > s.max_batch_facts or tokens + e.tokens > s.max_batch_tokens
+                facts + e.facts > s.max_batch_facts
+                or tokens + e.tokens > s.max_batch_tokens
+                or (e.source is not None and mine + e.facts > s.max_source_facts)
             ):
                 break
             group.entries.popleft()
@@ -236,6 +257,8 @@ class TokenBudgetQueue(Generic[P]):
             taken.append(e)
             facts += e.facts
             tokens += e.tokens
+            if e.source is not None:
+                per_source[e.source] = mine + e.facts
         if not group.entries:
             del self._groups[key]
         return Batch(group=key, entries=taken, facts=facts, tokens=tokens, started=now)

@@ -1,4 +1,4 @@
-"""The dynamic batcher: a thin asyncio driver over :class:`~engine.server.queue.TokenBudgetQueue`.
+"""The dynamic batcher: a thin asyncio driver over :class:`~engine.core.queue.TokenBudgetQueue`.
 
 Every request that needs the model (``Triage``, ``Write``, ``Backfill``, ``Recall``) is
 submitted here; all of them share one queue and one worker thread, so concurrent requests are
@@ -18,6 +18,12 @@ answered by one model call. The driver
   it too, with :meth:`Batcher.fail`. The refusal says why (:func:`refusal`): ``StorageFull``
   after a full disk (RESOURCE_EXHAUSTED), ``Unavailable`` otherwise (UNAVAILABLE).
 
+Shutdown keeps its word with a *cutoff* (:meth:`Batcher.cut_off_at`): a batch is started only
+if twice its estimated model time (facts x the measured seconds per fact) ends before the
+cutoff; the first batch that does not fit, and every later one, fails with ``Unavailable``
+before it reaches the model, so nothing commits after the grace period and a stream's commits
+stay a prefix of it.
+
 ``run(group, payloads)`` is injected; it returns one result (or one exception) per payload, in
 order, or raises to fail the whole batch. ``on_batch(batch, seconds)`` hears of every batch that
 ran (metrics, and the admission rate estimate). The unit tests drive the batcher with a fake
@@ -33,20 +39,24 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from engine.core.queue import Batch, Entry, QueueSettings, TokenBudgetQueue
 from engine.errors import DeadlineExceeded, MemgateError, StorageError, StorageFull, Unavailable
-from engine.server.queue import Batch, Entry, QueueSettings, TokenBudgetQueue
 
 __all__ = ["Batcher", "Served", "default_is_fatal", "refusal"]
 
 P = TypeVar("P")
 R = TypeVar("R")
 
-log = logging.getLogger("memgate.server.batcher")
+log = logging.getLogger("memgate.core.batcher")
 
 
 def default_is_fatal(exc: BaseException) -> bool:
     """A failed store write stops the engine (fail-stop); so does anything not an Exception."""
     return isinstance(exc, StorageError) or not isinstance(exc, Exception)
+
+
+def _shutting_down() -> Unavailable:
+    return Unavailable("the server is shutting down: this work was not started")
 
 
 def refusal(cause: BaseException) -> MemgateError:
@@ -66,6 +76,8 @@ class Served(Generic[R]):
     """From submit to the start of the batch that served it."""
     batch_facts: int
     batch_entries: int
+    run_s: float = 0.0
+    """Wall time of the batch's ``run`` on the worker."""
 
 
 @dataclass(eq=False)
@@ -97,6 +109,9 @@ class Batcher(Generic[P, R]):
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._dead: BaseException | None = None
+        self._cutoff: float | None = None
+        self._cut = False
+        self._per_fact: float | None = None
         self.batches = 0
         """Batches sent to the worker since start."""
 
@@ -113,6 +128,22 @@ class Batcher(Generic[P, R]):
     @property
     def pending_facts(self) -> int:
         return self._queue.pending_facts
+
+    @property
+    def seconds_per_fact(self) -> float | None:
+        """Measured model seconds per fact (a moving average over batches); None before one."""
+        return self._per_fact
+
+    def estimate(self, facts: int) -> float:
+        """Estimated model seconds of a batch of ``facts`` (0 before any measurement)."""
+        return 0.0 if self._per_fact is None else facts * self._per_fact
+
+    def cut_off_at(self, when: float) -> None:
+        """Start no batch that would not finish by ``when`` (``loop.time()``): from the first
+        one that would not, every queued and later entry fails with ``Unavailable``."""
+        self._cutoff = when if self._cutoff is None else min(self._cutoff, when)
+        if self._wake is not None:
+            self._wake.set()
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -141,10 +172,14 @@ class Batcher(Generic[P, R]):
         facts: int,
         tokens: int,
         deadline: float | None = None,
+        source: Hashable | None = None,
     ) -> Served[R]:
-        """Queue ``payload`` and wait for its result. ``deadline`` is on ``loop.time()``."""
+        """Queue ``payload`` and wait for its result. ``deadline`` is on ``loop.time()``;
+        ``source`` names the stream the payload belongs to (see ``max_source_facts``)."""
         if self._dead is not None:
             raise refusal(self._dead)
+        if self._cut:
+            raise _shutting_down()
         if self._closing or self._task is None or self._wake is None:
             raise Unavailable("the server is not accepting model work (starting or draining)")
         loop = asyncio.get_running_loop()
@@ -152,7 +187,7 @@ class Batcher(Generic[P, R]):
         if deadline is not None and now >= deadline:
             raise DeadlineExceeded("the deadline passed before the request was queued")
         future: asyncio.Future[Served[R]] = loop.create_future()
-        entry = Entry(_Job(payload, future), group, facts, tokens, now, deadline)
+        entry = Entry(_Job(payload, future), group, facts, tokens, now, deadline, source)
         future.add_done_callback(lambda f: entry.cancel() if f.cancelled() else None)
         self._queue.push(entry)
         self._wake.set()
@@ -170,12 +205,17 @@ class Batcher(Generic[P, R]):
                     entry.payload.future.set_exception(
                         DeadlineExceeded("the deadline passed while the request was queued")
                     )
+            if batch is not None and self._past_cutoff(batch, loop.time()):
+                self._refuse(batch)
+                continue
             if batch is not None:
                 await self._dispatch(batch, loop)
                 continue
             if self._closing and not len(self._queue):
                 return
             wake = self._queue.wake_at()
+            if self._cutoff is not None and not self._cut:
+                wake = self._cutoff if wake is None else min(wake, self._cutoff)
             self._wake.clear()
             if wake is None:
                 await self._wake.wait()
@@ -186,6 +226,21 @@ class Batcher(Generic[P, R]):
                 except TimeoutError:
                     pass
 
+    def _past_cutoff(self, batch: Batch[_Job[P, R]], now: float) -> bool:
+        if self._cut:
+            return True
+        # Twice the estimate: a batch runs longer than the average one often enough.
+        if self._cutoff is None or now + 2 * self.estimate(batch.facts) <= self._cutoff:
+            return False
+        self._cut = True
+        log.info("shutdown cutoff: no more batches start")
+        return True
+
+    def _refuse(self, batch: Batch[_Job[P, R]]) -> None:
+        for entry in [*batch.entries, *self._queue.drain()]:
+            if not entry.payload.future.done():
+                entry.payload.future.set_exception(_shutting_down())
+
     async def _dispatch(self, batch: Batch[_Job[P, R]], loop: asyncio.AbstractEventLoop) -> None:
         jobs = [e.payload for e in batch.entries]
         self.batches += 1
@@ -194,8 +249,10 @@ class Batcher(Generic[P, R]):
             results = await loop.run_in_executor(
                 self._executor, self._run, batch.group, [j.payload for j in jobs]
             )
+            seconds = loop.time() - t0
+            self._measure(batch.facts, seconds)
             if self._on_batch is not None:
-                self._on_batch(batch, loop.time() - t0)
+                self._on_batch(batch, seconds)
             if len(results) != len(jobs):
                 raise RuntimeError(f"run returned {len(results)} results for {len(jobs)} payloads")
         except asyncio.CancelledError:
@@ -215,8 +272,14 @@ class Batcher(Generic[P, R]):
                 job.future.set_exception(result)
             else:
                 job.future.set_result(
-                    Served(result, batch.started - entry.enqueued, batch.facts, len(jobs))
+                    Served(result, batch.started - entry.enqueued, batch.facts, len(jobs), seconds)
                 )
+
+    def _measure(self, facts: int, seconds: float) -> None:
+        if facts <= 0 or seconds <= 0:
+            return
+        per = seconds / facts
+        self._per_fact = per if self._per_fact is None else 0.8 * self._per_fact + 0.2 * per
 
     def fail(self, exc: BaseException) -> None:
         """Stop as if the worker had died of ``exc`` (a store failure met outside the batcher).

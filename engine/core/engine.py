@@ -1,0 +1,707 @@
+"""The engine facade: one object every caller awaits, the gRPC service and in-process callers alike.
+
+::
+
+    caller (gRPC handler, SyncEngine: backfill, eval, adapters)
+        -> Engine.triage / recall / stream        admission permits, real token counts
+        -> Batcher (TokenBudgetQueue + one worker thread)
+        -> run_model_batch -> Gate.triage / Gate.recall
+
+Transport-free: no ``grpc`` here. Errors are ``engine.errors`` classes; results are typed
+(:mod:`engine.core.results`). The gate is a collaborator behind :class:`GateLike`; how a fact
+and a policy are validated is injected (``validate``, ``check_policy``) so this package depends
+on nothing that does I/O, and the factory at the edge (``engine.app.build_engine``) wires the
+gate's own checks in.
+
+Admission (TEI's ``--max-concurrent-requests``): requests take one permit per fact and are
+refused with ``Overloaded`` when ``max_queued_facts`` are queued or in the model, or when their
+own deadline cannot be met by the queue ahead of them (``admit_by_deadline``); otherwise they
+queue. Streams wait for permits instead.
+
+Streams (:meth:`Engine.stream`) release decisions fact by fact, in order, as each fact's batch
+commits; at most ``max_source_facts`` facts of one stream share a model call. On shutdown
+(:meth:`Engine.stop_streams`) streams stop reading, deliver what is in flight until the cutoff
+and end with ``Unavailable`` naming the index of the last committed fact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Mapping,
+    Sequence,
+)
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from engine.core.admission import Permits
+from engine.core.batcher import Batcher, Served, refusal
+from engine.core.queue import Batch, QueueSettings, estimate_tokens
+from engine.core.results import Recalled, Streamed, Timings, Triaged, split
+from engine.errors import InvalidInput, MemgateError, Overloaded, StorageError, Unavailable
+from engine.types import Decision, Event, Fact, Memory
+
+__all__ = [
+    "RECALL",
+    "CoreSettings",
+    "Engine",
+    "GateLike",
+    "ModelWork",
+    "ModelDone",
+    "TriageGroup",
+    "run_model_batch",
+    "shutdown_message",
+]
+
+T = TypeVar("T")
+
+
+class TriageOutcome(Protocol):
+    @property
+    def decisions(self) -> Sequence[Decision]: ...
+
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+
+
+class StoreLike(Protocol):
+    """The store reads the engine makes past the gate (the audit log)."""
+
+    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]: ...
+
+
+class GateLike(Protocol):
+    """What the engine needs of the gate (``engine.gate.gate.Gate`` satisfies it)."""
+
+    def triage(
+        self,
+        facts: Sequence[Fact],
+        policy: str = "strict",
+        *,
+        apply: bool = False,
+        overrides: dict[str, Any] | None = None,
+    ) -> TriageOutcome: ...
+
+    def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]: ...
+
+    def get(self, namespace: str, memory_id: str) -> Memory | None: ...
+
+    def history(self, namespace: str, memory_id: str) -> list[Memory]: ...
+
+    def forget(self, namespace: str, memory_id: str) -> str: ...
+
+    def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]: ...
+
+    def list_review(self, namespace: str, limit: int = 100) -> list[Any]: ...
+
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> Any: ...
+
+    @property
+    def store(self) -> StoreLike: ...
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    """How the engine batches and admits work. Every field is range-checked."""
+
+    batching: QueueSettings = field(default_factory=QueueSettings)
+    """How model calls are cut (token budget, facts, wait, facts of one stream per call)."""
+    max_queued_facts: int = 1024
+    """Admission permits: facts queued or in the model at once (TEI's max concurrent
+    requests). Beyond it a request is refused with ``Overloaded``; inside it, it queues and its
+    deadline decides. Sized for memory and for a queue that drains in a few large batches."""
+    max_queue_delay_s: float | None = None
+    """Optionally also bound the facts in flight by what the worker finishes in this many
+    seconds at its measured rate (never below ``min_admitted_facts``). Off by default: clients
+    carry deadlines, and a tight budget sheds closed loops that would have been served."""
+    min_admitted_facts: int = 16
+    """Floor of the delay-derived bound."""
+    admit_by_deadline: bool = True
+    """Refuse (``Overloaded``) at the door a request whose deadline the queue cannot meet:
+    the facts queued or in the model, plus its own, at the measured seconds per fact (times
+    ``deadline_headroom``) would take longer than its remaining time. It would only wait and
+    fail with DEADLINE_EXCEEDED; refused at once it can retry elsewhere. Requests without a
+    deadline, and streams, are bounded by ``max_queued_facts`` alone."""
+    deadline_headroom: float = 1.25
+    """How much longer than the estimate a request's wait may turn out (batches vary)."""
+    stream_window: int = 256
+    """Most facts of one stream in flight (queued or in the model); the reader waits beyond."""
+    io_threads: int = 4
+    """Threads for store work (Get, History, Forget, Undo, reviews)."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (1 <= self.max_queued_facts <= 10_000_000, "max_queued_facts must be in [1, 1e7]"),
+            (
+                self.max_queue_delay_s is None or 0.0 < self.max_queue_delay_s <= 3600.0,
+                "max_queue_delay_s must be in (0, 3600] seconds, or None",
+            ),
+            (1 <= self.min_admitted_facts <= 10_000_000, "min_admitted_facts must be in [1, 1e7]"),
+            (1 <= self.stream_window <= 100_000, "stream_window must be in [1, 100000]"),
+            (1.0 <= self.deadline_headroom <= 100.0, "deadline_headroom must be in [1, 100]"),
+            (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidInput(message)
+
+
+# -- the model batch: what runs on the worker thread ---------------------------------------------
+@dataclass(frozen=True)
+class ModelWork:
+    """One request's model work: facts to triage, or one recall query."""
+
+    facts: tuple[Fact, ...] = ()
+    query: tuple[str, str, int] | None = None
+    """(namespace, query, k) for a recall."""
+
+
+@dataclass(frozen=True)
+class TriageGroup:
+    """Requests that may share one ``Gate.triage`` call."""
+
+    policy: str
+    overrides: tuple[tuple[str, Any], ...]
+    apply: bool
+
+
+RECALL = "recall"
+"""The group of recall requests."""
+
+
+@dataclass(frozen=True)
+class ModelDone:
+    """One request's share of a model call: its decisions or hits, and the call's phases."""
+
+    timings: Timings
+    decisions: tuple[Decision, ...] = ()
+    hits: tuple[tuple[Memory, float], ...] = ()
+
+
+def run_model_batch(
+    gate: GateLike, group: Hashable, works: list[ModelWork]
+) -> list[ModelDone | BaseException]:
+    """Run one batch on the worker thread: one ``Gate.triage`` call for every request of a
+    triage group (split back per request), or the recalls of a recall batch one by one.
+
+    A merged triage that fails on its input is retried request by request, so one bad request
+    cannot fail its neighbours (the engine validates every fact before queueing, so this is a
+    safety net; it is safe because the gate validates before it writes anything).
+    """
+    if group == RECALL:
+        out: list[ModelDone | BaseException] = []
+        for work in works:
+            assert work.query is not None
+            t0 = time.perf_counter()
+            try:
+                hits = gate.recall(*work.query)
+            except MemgateError as exc:  # recalls are independent: the error stays with its own
+                if isinstance(exc, StorageError):
+                    raise  # fail-stop, as for writes
+                out.append(exc)
+                continue
+            out.append(ModelDone(Timings(search=time.perf_counter() - t0), hits=tuple(hits)))
+        return out
+    assert isinstance(group, TriageGroup)
+    overrides = dict(group.overrides) or None
+    flat = [f for w in works for f in w.facts]
+    t0 = time.perf_counter()
+    try:
+        result = gate.triage(flat, group.policy, apply=group.apply, overrides=overrides)
+    except InvalidInput:
+        if len(works) == 1:
+            raise
+        return [_one(gate, group, overrides, w) for w in works]
+    timings = Timings.of_run(result.timings, time.perf_counter() - t0)
+    parts = split(list(result.decisions), [len(w.facts) for w in works])
+    return [ModelDone(timings, decisions=p) for p in parts]
+
+
+def _one(
+    gate: GateLike, group: TriageGroup, overrides: dict[str, Any] | None, work: ModelWork
+) -> ModelDone | BaseException:
+    t0 = time.perf_counter()
+    try:
+        result = gate.triage(list(work.facts), group.policy, apply=group.apply, overrides=overrides)
+    except InvalidInput as exc:
+        return exc
+    timings = Timings.of_run(result.timings, time.perf_counter() - t0)
+    return ModelDone(timings, decisions=tuple(result.decisions))
+
+
+# -- the facade ----------------------------------------------------------------------------------
+_END = object()
+_STOPPED = object()
+
+
+def _no_check_fact(fact: Fact) -> None:
+    return None
+
+
+def _no_check_policy(policy: str, overrides: Mapping[str, Any]) -> None:
+    return None
+
+
+class Engine:
+    """Batching, admission and timings over one gate. Start and use it on one event loop.
+
+    ``validate(fact)`` and ``check_policy(name, overrides)`` raise ``InvalidInput`` for what the
+    gate would refuse, so a bad request fails alone, before it takes a permit;
+    ``token_counter(texts)`` gives the batch budget's token counts (the embedder's tokenizer;
+    default: a len/4 estimate, for gates without one).
+    """
+
+    def __init__(
+        self,
+        gate: GateLike,
+        settings: CoreSettings | None = None,
+        *,
+        validate: Callable[[Fact], None] = _no_check_fact,
+        check_policy: Callable[[str, Mapping[str, Any]], None] = _no_check_policy,
+        token_counter: Callable[[Sequence[str]], list[int]] | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+        on_batch: Callable[[int, int, float], None] | None = None,
+    ) -> None:
+        self.gate = gate
+        self.settings = settings or CoreSettings()
+        s = self.settings
+        self._validate = validate
+        self._check_policy = check_policy
+        self._count = token_counter or (lambda texts: [estimate_tokens(t) for t in texts])
+        self._on_dead = on_dead
+        self._on_batch = on_batch
+        self.permits = Permits(
+            s.max_queued_facts, max_delay_s=s.max_queue_delay_s, min_limit=s.min_admitted_facts
+        )
+        self._model = ThreadPoolExecutor(1, thread_name_prefix="memgate-model")
+        self._io: Executor = ThreadPoolExecutor(s.io_threads, thread_name_prefix="memgate-store")
+        self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="memgate-tokenize")
+        self.batcher: Batcher[ModelWork, ModelDone] = Batcher(
+            lambda group, works: run_model_batch(gate, group, works),
+            s.batching,
+            executor=self._model,
+            on_dead=self._died,
+            on_batch=self._batch_done,
+        )
+        self._stop_streams: asyncio.Event | None = None
+        self._streams_until: float | None = None
+        self._closed = False
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.batcher.alive
+
+    @property
+    def dead(self) -> BaseException | None:
+        """The error that stopped the engine (fail-stop), or None."""
+        return self.batcher.dead
+
+    @property
+    def pending_facts(self) -> int:
+        return self.batcher.pending_facts
+
+    @property
+    def seconds_per_fact(self) -> float | None:
+        """Measured model seconds per fact (moving average); None before the first batch."""
+        return self.batcher.seconds_per_fact
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the batcher on the running loop."""
+        self._stop_streams = asyncio.Event()
+        self.batcher.start()
+
+    def stop_streams(self, until: float) -> None:
+        """Shutdown, step one: streams read no new fact, start no model call that would end
+        after ``until`` (``loop.time()``), deliver what commits before it, and end with
+        ``Unavailable`` naming their last committed fact. Unary requests already queued are
+        served under the same cutoff."""
+        self._streams_until = (
+            until if self._streams_until is None else min(self._streams_until, until)
+        )
+        self.batcher.cut_off_at(until)
+        if self._stop_streams is not None:
+            self._stop_streams.set()
+
+    async def run_io(self, fn: Callable[[], T]) -> T:
+        """Run blocking work on the engine's store pool (index recovery, snapshots)."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn)
+
+    async def close(self) -> None:
+        """Serve what is queued (under any cutoff), stop the batcher and the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.batcher.close()
+        loop = asyncio.get_running_loop()
+        for pool in (self._model, self._io, self._tokenize):
+            await loop.run_in_executor(None, lambda p=pool: p.shutdown(wait=True))  # type: ignore[misc]
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the engine as if the worker had died of ``exc`` (fail-stop)."""
+        self.batcher.fail(exc)
+
+    def _died(self, exc: BaseException) -> None:
+        if self._on_dead is not None:
+            self._on_dead(exc)
+
+    def _batch_done(self, batch: Batch[Any], seconds: float) -> None:
+        self.permits.observe(batch.facts, seconds)
+        if self._on_batch is not None:
+            self._on_batch(batch.facts, len(batch.entries), seconds)
+
+    # -- checks -------------------------------------------------------------------------------
+    def group(
+        self, policy: str, overrides: Mapping[str, Any] | None, *, apply: bool
+    ) -> TriageGroup:
+        """The batch group of a request; the policy and overrides are checked now, not inside
+        a shared batch."""
+        ov = dict(overrides or {})
+        self._check_policy(policy, ov)
+        return TriageGroup(policy, tuple(sorted(ov.items())), apply)
+
+    def check_fact(self, fact: Fact, index: int | None = None) -> None:
+        """Raise ``InvalidInput`` (naming the fact's position) for a fact the gate refuses."""
+        try:
+            self._validate(fact)
+        except InvalidInput as exc:
+            if index is None:
+                raise
+            raise InvalidInput(f"fact {index}: {exc}") from None
+
+    # -- model work ---------------------------------------------------------------------------
+    async def _tokens(self, texts: list[str]) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        counts = await asyncio.get_running_loop().run_in_executor(
+            self._tokenize, self._count, texts
+        )
+        return sum(counts), time.perf_counter() - t0
+
+    async def _queue(
+        self,
+        work: ModelWork,
+        texts: list[str],
+        group: Hashable,
+        deadline: float | None,
+        source: Hashable | None = None,
+    ) -> tuple[Served[ModelDone], float]:
+        tokens, tokenize = await self._tokens(texts)
+        served = await self.batcher.submit(
+            work, group=group, facts=len(texts), tokens=tokens, deadline=deadline, source=source
+        )
+        return served, tokenize
+
+    def _admit(self, n: int, deadline: float | None) -> None:
+        if self.batcher.dead is not None:
+            raise refusal(self.batcher.dead)
+        per_fact = self.batcher.seconds_per_fact
+        if deadline is not None and per_fact is not None and self.settings.admit_by_deadline:
+            wait = (self.permits.in_use + n) * per_fact * self.settings.deadline_headroom
+            left = deadline - asyncio.get_running_loop().time()
+            if wait > left:
+                raise Overloaded(
+                    f"the queue holds about {wait:.1f} s of work, more than this request's "
+                    f"deadline leaves ({max(0.0, left):.1f} s); retry with backoff"
+                )
+        if not self.permits.try_acquire(n):
+            raise Overloaded("the server is at capacity; retry with backoff")
+
+    @staticmethod
+    def _timings(served: Served[ModelDone], tokenize: float, started: float) -> Timings:
+        return served.result.timings.around(
+            tokenize=tokenize,
+            queue=served.queued_s,
+            total=time.perf_counter() - started,
+            batch_facts=served.batch_facts,
+            batch_entries=served.batch_entries,
+        )
+
+    async def triage(
+        self,
+        facts: Sequence[Fact],
+        policy: str = "strict",
+        *,
+        apply: bool = False,
+        overrides: Mapping[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> Triaged:
+        """Decide ``facts`` in order (``apply``: and commit them in one transaction).
+
+        ``deadline`` is absolute, on ``loop.time()``. Raises ``Overloaded`` when admission is
+        full, ``DeadlineExceeded`` when the deadline passes in the queue."""
+        started = time.perf_counter()
+        if not facts:
+            raise InvalidInput("a request needs at least one fact")
+        group = self.group(policy, overrides, apply=apply)
+        for i, fact in enumerate(facts):
+            self.check_fact(fact, i)
+        n = len(facts)
+        self._admit(n, deadline)
+        try:
+            served, tokenize = await self._queue(
+                ModelWork(facts=tuple(facts)), [f.text for f in facts], group, deadline
+            )
+        finally:
+            self.permits.release(n)
+        return Triaged(served.result.decisions, self._timings(served, tokenize, started), apply)
+
+    async def recall(
+        self, namespace: str, query: str, k: int = 10, *, deadline: float | None = None
+    ) -> Recalled:
+        """The ``k`` active memories of ``namespace`` most similar to ``query``."""
+        started = time.perf_counter()
+        try:  # a bad namespace or blank query takes no permit and no slot on the model thread
+            self._validate(Fact(namespace=namespace, text=query))
+        except InvalidInput as exc:
+            raise InvalidInput(f"query: {exc}") from None
+        if not 1 <= k <= 1000:
+            raise InvalidInput("k must be in [1, 1000]")
+        self._admit(1, deadline)
+        try:
+            served, tokenize = await self._queue(
+                ModelWork(query=(namespace, query, k)), [query], RECALL, deadline
+            )
+        finally:
+            self.permits.release(1)
+        return Recalled(served.result.hits, self._timings(served, tokenize, started))
+
+    async def stream(
+        self,
+        facts: AsyncIterable[Fact],
+        policy: str = "strict",
+        *,
+        apply: bool = True,
+        overrides: Mapping[str, Any] | None = None,
+        deadline: float | None = None,
+    ) -> AsyncIterator[Streamed]:
+        """Facts in, decisions out, in order, each as soon as its fact's batch committed.
+
+        At most ``stream_window`` facts are in flight: beyond it the reader stops pulling
+        ``facts`` (over gRPC, HTTP/2 flow control then pushes back on the client). Facts wait
+        for admission permits instead of being refused: a bulk stream slows down under load.
+        An error raised by ``facts`` (a bad message) or by a fact ends the stream in order,
+        after every decision before it. On shutdown the stream ends with ``Unavailable``."""
+        group = self.group(policy, overrides, apply=apply)
+        async for item in _Stream(self, facts, group, deadline).run():
+            yield item
+
+    async def _stream_one(
+        self, fact: Fact, group: TriageGroup, deadline: float | None, source: Hashable
+    ) -> tuple[Served[ModelDone], float]:
+        try:
+            return await self._queue(
+                ModelWork(facts=(fact,)), [fact.text], group, deadline, source=source
+            )
+        finally:
+            self.permits.release(1)
+
+    # -- store work ---------------------------------------------------------------------------
+    async def _io_call(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """Run store work on the I/O pool; a storage failure trips the fail-stop latch."""
+        t0 = time.perf_counter()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+        except StorageError as exc:
+            self.batcher.fail(exc)
+            raise
+        return result, time.perf_counter() - t0
+
+    async def _io_write(self, fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+        """Store work that writes: refused once the engine has stopped (fail-stop)."""
+        dead = self.batcher.dead
+        if dead is not None:
+            raise refusal(dead)
+        return await self._io_call(fn, *args)
+
+    async def get(self, namespace: str, memory_id: str) -> tuple[Memory | None, Timings]:
+        memory, secs = await self._io_call(self.gate.get, namespace, memory_id)
+        return memory, Timings(store=secs, total=secs)
+
+    async def history(self, namespace: str, memory_id: str) -> tuple[list[Memory], Timings]:
+        chain, secs = await self._io_call(self.gate.history, namespace, memory_id)
+        return chain, Timings(store=secs, total=secs)
+
+    async def forget(self, namespace: str, memory_id: str) -> tuple[str, Timings]:
+        forgotten, secs = await self._io_write(self.gate.forget, namespace, memory_id)
+        return forgotten, Timings(store=secs, total=secs)
+
+    async def undo(self, namespace: str, memory_id: str) -> tuple[tuple[Memory, Memory], Timings]:
+        pair, secs = await self._io_write(self.gate.undo, namespace, memory_id)
+        return pair, Timings(store=secs, total=secs)
+
+    async def list_review(self, namespace: str, limit: int) -> tuple[list[Any], Timings]:
+        items, secs = await self._io_call(self.gate.list_review, namespace, limit)
+        return items, Timings(store=secs, total=secs)
+
+    async def events(
+        self, namespace: str, after_seq: int, limit: int
+    ) -> tuple[list[Event], Timings]:
+        """The namespace's audit log after ``after_seq`` (the store's event log)."""
+        found, secs = await self._io_call(self.gate.store.events, namespace, after_seq, limit)
+        return found, Timings(store=secs, total=secs)
+
+    async def resolve_review(
+        self, namespace: str, review_id: str, resolution: str
+    ) -> tuple[Any, Timings]:
+        res, secs = await self._io_write(self.gate.resolve_review, namespace, review_id, resolution)
+        return res, Timings(store=secs, total=secs)
+
+
+def shutdown_message(last: int) -> str:
+    """What a stream cut by shutdown is told: where to resume."""
+    if last < 0:
+        return "the server is shutting down; no fact of this stream was committed: resume from 0"
+    return (
+        f"the server is shutting down; the last committed fact is index {last} "
+        f"(facts 0-{last} are committed): resume from index {last + 1}"
+    )
+
+
+@dataclass(eq=False)
+class _Pending:
+    index: int
+    started: float
+    task: asyncio.Task[tuple[Served[ModelDone], float]]
+
+
+class _Stream:
+    """One stream's reader task and in-order writer (see :meth:`Engine.stream`)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        facts: AsyncIterable[Fact],
+        group: TriageGroup,
+        deadline: float | None,
+    ) -> None:
+        self.engine = engine
+        self.facts = facts
+        self.group = group
+        self.deadline = deadline
+        self.window = asyncio.Semaphore(engine.settings.stream_window)
+        self.pending: asyncio.Queue[_Pending | BaseException | object] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.stop = engine._stop_streams or asyncio.Event()
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the writer raises it in order, or it was not needed
+
+    async def _unless_stopped(self, aw: Awaitable[T]) -> T | object:
+        """``aw``'s result, or ``_STOPPED`` when shutdown began first (``aw`` is cancelled)."""
+        if self.stop.is_set():
+            if asyncio.iscoroutine(aw):
+                aw.close()
+            return _STOPPED
+        task = asyncio.ensure_future(aw)
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return _STOPPED
+
+    async def _permit(self) -> None:
+        permits = self.engine.permits
+        freed = asyncio.Event()
+        unlisten = permits.on_release(freed.set)
+        try:
+            while not permits.try_acquire(1):
+                freed.clear()
+                await freed.wait()
+        finally:
+            unlisten()
+
+    async def _read(self) -> None:
+        engine = self.engine
+        source = object()
+        index = 0
+        it = aiter(self.facts)
+        try:
+            while True:
+                fact = await self._unless_stopped(anext(it, _END))
+                if fact is _END or fact is _STOPPED:
+                    self.pending.put_nowait(fact)
+                    return
+                assert isinstance(fact, Fact)
+                engine.check_fact(fact, index)
+                if await self._unless_stopped(self.window.acquire()) is _STOPPED:
+                    self.pending.put_nowait(_STOPPED)
+                    return
+                if await self._unless_stopped(self._permit()) is _STOPPED:
+                    self.window.release()
+                    self.pending.put_nowait(_STOPPED)
+                    return
+                task = asyncio.get_running_loop().create_task(
+                    engine._stream_one(fact, self.group, self.deadline, source)
+                )
+                self.tasks.add(task)
+                task.add_done_callback(self._done)
+                self.pending.put_nowait(_Pending(index, time.perf_counter(), task))
+                index += 1
+        except Exception as exc:  # handed to the writer, which raises it in order
+            self.pending.put_nowait(exc)
+
+    async def _result(self, item: _Pending) -> tuple[Served[ModelDone], float] | None:
+        """The fact's result; None when shutdown's cutoff came first (not delivered)."""
+        if not self.stop.is_set():
+            got = await self._unless_stopped(asyncio.shield(item.task))
+            if got is not _STOPPED:
+                assert isinstance(got, tuple)
+                return got
+        until = self.engine._streams_until
+        loop = asyncio.get_running_loop()
+        left = None if until is None else max(0.0, until - loop.time())
+        try:
+            async with asyncio.timeout(left):
+                return await asyncio.shield(item.task)
+        except TimeoutError:
+            return None
+        except Unavailable:
+            return None  # the cutoff refused it before the model
+
+    async def run(self) -> AsyncIterator[Streamed]:
+        reader = asyncio.get_running_loop().create_task(self._read())
+        last = -1
+        try:
+            while True:
+                item = await self.pending.get()
+                if item is _END:
+                    return
+                if item is _STOPPED:
+                    raise Unavailable(shutdown_message(last))
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, _Pending)
+                try:
+                    got = await self._result(item)
+                finally:
+                    self.window.release()
+                if got is None:
+                    raise Unavailable(shutdown_message(last))
+                served, tokenize = got
+                last = item.index
+                yield Streamed(
+                    item.index,
+                    served.result.decisions[0],
+                    Engine._timings(served, tokenize, item.started),
+                    self.group.apply,
+                )
+        finally:
+            reader.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(reader, *self.tasks, return_exceptions=True)
