@@ -98,6 +98,10 @@ def register(subparsers: Any) -> None:
     remote.add_argument("--tls", action="store_true", help="TLS with the system roots")
     remote.add_argument("--tls-ca", help="PEM root certificate to trust (implies --tls)")
     remote.add_argument("--tls-server-name", help="name to check the certificate against")
+    ray = p.add_argument_group("distributed (Ray; pip install 'memgate[ray]')")
+    ray.add_argument("--engine", choices=["local", "ray"], default="local", help="default local")
+    ray.add_argument("--address", help="Ray cluster to join (default: start one on this machine)")
+    ray.add_argument("--actors", type=int, default=0, help="deciding actors (0: one per CPU)")
     _add_engine_flags(p)
     p.set_defaults(func=cmd_backfill)
 
@@ -144,6 +148,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             if args.target:
                 with _client(args) as client:
                     result = job.run(StreamDecider(client, args.policy, dry_run=args.dry_run))
+            elif args.engine == "ray":
+                from engine.backfill.ray_engine import run_from_args
+                from engine.cli import _engine_settings
+
+                result = run_from_args(job, args, _engine_settings(args))
             else:
                 from engine.app import open_engine
                 from engine.cli import _engine_settings
