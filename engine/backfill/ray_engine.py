@@ -262,9 +262,10 @@ def _dataset(ray_data: Any, job: Job) -> Any:
             ),
             **common,
         )
-    wanted = job.settings.fields.columns()
     names = columns(src.path, src.format, src.gzip) or []
-    return ray_data.read_parquet(path, columns=[n for n in names if n in wanted] or None, **common)
+    ds = ray_data.read_parquet(path, **common)
+    wanted = [n for n in names if n in job.settings.fields.columns()]
+    return ds.select_columns(wanted) if wanted else ds
 
 
 def _records(ds: Any, job: Job) -> Iterator[Record]:
