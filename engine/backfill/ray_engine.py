@@ -69,6 +69,7 @@ __all__ = [
 
 _RAY_EXTRA = "pip install 'memgate[ray]'"
 _READ_BATCH = 4096
+_ACTOR_CPUS = 0.5
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class RaySettings:
     actors: int = 0
     """Deciding actors, one partition of the namespaces each; 0: one per CPU of the cluster."""
     threads: int = 1
-    """ONNX Runtime intra-op threads per actor (each actor reserves one Ray CPU)."""
+    """ONNX Runtime intra-op threads per actor."""
     in_flight: int = 2
     """Batches queued per actor, so the next one is ready when a batch ends."""
     buffered: int = 4096
@@ -262,10 +263,8 @@ def _dataset(ray_data: Any, job: Job) -> Any:
             ),
             **common,
         )
-    names = columns(src.path, src.format, src.gzip) or []
-    ds = ray_data.read_parquet(path, **common)
-    wanted = [n for n in names if n in job.settings.fields.columns()]
-    return ds.select_columns(wanted) if wanted else ds
+    # Every column: a select_columns step would be a task of its own that waits for a CPU.
+    return ray_data.read_parquet(path, **common)
 
 
 def _records(ds: Any, job: Job) -> Iterator[Record]:
@@ -410,7 +409,7 @@ class RayBackfill:
     def _actor_count(self) -> int:
         if self.settings.actors:
             return self.settings.actors
-        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))  # one per core
 
     def _start_actors(self) -> list[_Partition]:
         parts = [_Partition(i) for i in range(self._actor_count())]
@@ -427,7 +426,15 @@ class RayBackfill:
 
     def _spawn(self, part: _Partition) -> None:
         if self._remote is None:
-            options = {"num_cpus": 1, "max_restarts": 0, "max_task_retries": 0}
+            # Half a Ray CPU each, spread over the nodes: Ray Data's own steps (file listing,
+            # reading) ask for a whole CPU, and with every CPU held by an actor they would wait
+            # forever. Each actor runs ``threads`` ONNX threads whatever it reserves.
+            options = {
+                "num_cpus": _ACTOR_CPUS,
+                "max_restarts": 0,
+                "max_task_retries": 0,
+                "scheduling_strategy": "SPREAD",
+            }
             self._remote = self._ray.remote(**options)(Decider)
         session = replace(self.engine.session, intra_op_threads=self.settings.threads)
         locks = (
