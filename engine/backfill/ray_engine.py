@@ -510,7 +510,7 @@ class RayBackfill:
         job, s, rs = self.job, self.job.settings, self.settings
         reorder = Reorder()
         label = f"backfill:{job.source.path.name}"
-        buffered = 0
+        buffered = read = 0
         done = done_line
         ds = _dataset(_import_ray_data(), job)
         try:
@@ -545,7 +545,8 @@ class RayBackfill:
                     buffered += 1
                     if len(part.pending) >= s.batch and len(part.in_flight) < rs.in_flight:
                         buffered -= self._flush(part, s.batch)
-                if buffered % 64 == 0:
+                read += 1
+                if read % 64 == 0:  # now and then, take the answers that are in
                     self._collect(parts, reorder, block=False)
                     for p in parts:
                         if len(p.pending) >= s.batch and self._free(p):
