@@ -35,6 +35,7 @@ __all__ = [
     "count_rows",
     "detect_format",
     "fingerprint",
+    "parse_json_line",
     "read_records",
 ]
 
@@ -170,15 +171,18 @@ def _jsonl(path: Path, gz: bool, start_after: int) -> Iterator[Record]:
             except UnicodeDecodeError as exc:
                 yield Record(line, None, f"invalid UTF-8 (byte {exc.start} of the line)")
                 continue
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                yield Record(line, None, f"bad JSON: {exc}")
-                continue
-            if not isinstance(value, dict):
-                yield Record(line, None, f"a row must be a JSON object, got {_type(value)}")
-                continue
-            yield Record(line, value)
+            yield parse_json_line(line, text)
+
+
+def parse_json_line(line: int, text: str) -> Record:
+    """One JSON Lines row (not blank) -> its record, or the reason it cannot be read."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        return Record(line, None, f"bad JSON: {exc}")
+    if not isinstance(value, dict):
+        return Record(line, None, f"a row must be a JSON object, got {_type(value)}")
+    return Record(line, value)
 
 
 # -- CSV / TSV --------------------------------------------------------------------------------

@@ -99,6 +99,10 @@ def register(subparsers: Any) -> None:
     add_client_flags(
         p.add_argument_group("remote (through memgate serve)"), timeout=None, target=None
     )
+    ray = p.add_argument_group("distributed (Ray; pip install 'memgate[ray]')")
+    ray.add_argument("--engine", choices=["local", "ray"], default="local", help="default local")
+    ray.add_argument("--address", help="Ray cluster to join (default: start one on this machine)")
+    ray.add_argument("--actors", type=int, default=0, help="deciding actors (0: one per CPU)")
     add_engine_flags(p)
     p.set_defaults(func=cmd_backfill)
 
@@ -153,6 +157,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             if args.target:
                 with client_from_args(args, timeout=None) as client:
                     result = job.run(StreamDecider(client, args.policy, dry_run=args.dry_run))
+            elif args.engine == "ray":
+                from engine.backfill.ray_engine import run_from_args
+
+                result = run_from_args(job, args, engine_settings(args))
             else:
                 from engine.app import build_engine, open_engine
                 from engine.core import SyncEngine
