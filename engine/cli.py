@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import MemgateError
+from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["main"]
 
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
     p.add_argument("file")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), default="strict")
     p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
     p.add_argument("--json", action="store_true")
     _add_engine_flags(p)
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="predict labelled/unlabelled gate cases (shared eval format)")
     p.add_argument("--cases", required=True)
-    p.add_argument("--policy", choices=["strict", "review"], default="strict")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), default="strict")
     p.add_argument("--out", help="predictions.jsonl (default: stdout)")
     p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"normalize": false}')
     p.add_argument("--explain", action="store_true", help="add rule and candidates to each line")

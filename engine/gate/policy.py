@@ -27,7 +27,17 @@ from typing import Any, Literal
 from engine.errors import InvalidInput
 from engine.types import Action, Candidate
 
-__all__ = ["REVIEW", "STRICT", "Evidence", "Policy", "Verdict", "decide", "policy_by_name"]
+__all__ = [
+    "POLICY_NAMES",
+    "REVIEW",
+    "REVIEW_UNCERTAIN",
+    "STRICT",
+    "Evidence",
+    "Policy",
+    "Verdict",
+    "decide",
+    "policy_by_name",
+]
 
 
 @dataclass(frozen=True)
@@ -119,15 +129,23 @@ class Policy:
 
 
 STRICT = Policy()
-REVIEW = Policy(name="review", mode="review", floor=0.45, review_scope="uncertain")
-_POLICIES = {"strict": STRICT, "review": REVIEW}
+REVIEW = Policy(name="review", mode="review", floor=0.45, review_scope="all")
+"""The seed's review policy: floor 0.45, every conflict is queued, nothing replaced unattended."""
+REVIEW_UNCERTAIN = Policy(
+    name="review-uncertain", mode="review", floor=0.45, review_scope="uncertain"
+)
+"""Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
+uncertain ones are queued. Over gRPC: policy review with ``review_scope="uncertain"``."""
+_POLICIES = {"strict": STRICT, "review": REVIEW, "review-uncertain": REVIEW_UNCERTAIN}
+POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
 def policy_by_name(name: str) -> Policy:
     try:
         return _POLICIES[name]
     except KeyError:
-        raise InvalidInput(f"unknown policy {name!r}: choose strict or review") from None
+        choices = ", ".join(POLICY_NAMES)
+        raise InvalidInput(f"unknown policy {name!r}: choose one of {choices}") from None
 
 
 @dataclass(frozen=True)
