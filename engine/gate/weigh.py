@@ -7,7 +7,7 @@ at or above the lowest floor.
 
 from __future__ import annotations
 
-from engine.gate import overlap
+from engine.gate import claims, overlap
 from engine.gate.policy import Evidence, Policy
 from engine.gate.probe import Hit, Probe
 
@@ -18,6 +18,8 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     """``memory_id`` is the hit's id as the decision reports it (an in-batch ref resolved)."""
     ref, rel, fact = hit.ref, hit.relation, probe.fact
     near = policy.lexical and hit.similarity >= min(policy.floor, policy.key_match_floor)
+    parsed = near and policy.claims
+    old, new = (claims.claim(ref.text), claims.claim(fact.text)) if parsed else (None, None)
     return Evidence(
         memory_id=memory_id,
         text=ref.text,
@@ -31,5 +33,12 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         key_conflict=bool(rel and rel.key_conflict),
         conflict_reason=rel.reason if rel else "",
         contained=near and overlap.contains(ref.text, fact.text),
-        partial=near and overlap.claims(ref.text, fact.text).partial,
+        partial=near
+        and (
+            overlap.claims(ref.text, fact.text).partial
+            or (old is not None and new is not None and claims.partial(old, new))
+        ),
+        restated=old is not None
+        and new is not None
+        and claims.restates(old, new, policy.restate_coverage),
     )
