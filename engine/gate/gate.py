@@ -32,6 +32,7 @@ from engine.gate.ports import NLI, Embedder, Index, Store
 from engine.gate.recall import recall
 from engine.gate.relate import relate
 from engine.gate.score import score
+from engine.gate.thresholds import for_model
 from engine.store import WriteResult, new_memory_id
 from engine.store.base import Resolution, ReviewResolution
 from engine.types import KINDS, Decision, Fact, Memory, ReviewItem
@@ -139,7 +140,10 @@ class Gate(Generic[S, X]):
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        pol = policy_by_name(policy) if isinstance(policy, str) else policy
+        if isinstance(policy, str):
+            pol = for_model(policy_by_name(policy), _model_name(self.nli))
+        else:
+            pol = policy
         pol = pol.with_overrides(overrides)
         if len(facts) > self.settings.max_batch:
             raise InvalidInput(
@@ -338,3 +342,9 @@ class Gate(Generic[S, X]):
 
 def _key_str(key: keymod.AttributeKey | None) -> str | None:
     return None if key is None else str(key)
+
+
+def _model_name(model: object) -> str | None:
+    """The artefact name in a runtime's manifest (None for fakes and foreign scorers)."""
+    name = getattr(getattr(model, "manifest", None), "name", None)
+    return name if isinstance(name, str) else None

@@ -183,3 +183,16 @@ def test_replay_returns_the_first_result(store: SQLiteStore) -> None:
     again = gate.triage([fact], apply=True).decisions[0]
     assert again.replayed and again.memory_id == first.memory_id
     assert store.count_active(NS) == 1
+
+
+def test_named_policies_take_the_scoring_models_thresholds() -> None:
+    from engine.gate.thresholds import MODEL_THRESHOLDS, ModelThresholds, for_model
+
+    assert for_model(STRICT, None) is STRICT and for_model(STRICT, "unknown-model") is STRICT
+    MODEL_THRESHOLDS["test-nli"] = ModelThresholds(0.7, 0.6, 0.65, 0.4)
+    try:
+        tuned = for_model(STRICT, "test-nli")
+        assert (tuned.contradiction, tuned.key_match_contradiction) == (0.7, 0.6)
+        assert tuned.floor == STRICT.floor and tuned.name == "strict"
+    finally:
+        del MODEL_THRESHOLDS["test-nli"]
