@@ -21,14 +21,14 @@ _lock = threading.Lock()
 
 @lru_cache(maxsize=1)
 def pipeline() -> Any:
-    """The loaded spaCy pipeline (tagger, parser, lemmatizer, ner)."""
+    """The loaded spaCy pipeline (tagger, parser, lemmatizer; no entity recogniser)."""
     try:
         import spacy
     except ImportError as exc:  # pragma: no cover - spacy is a core dependency
         raise ModelError("the gate needs spaCy: pip install 'spacy>=3.8,<3.9'") from exc
     for name in MODEL_NAMES:
         try:
-            return spacy.load(name)
+            return spacy.load(name, exclude=["ner"])  # entities are not read: ~30% less work
         except OSError:
             continue
     raise ModelError(
