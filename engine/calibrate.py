@@ -42,7 +42,7 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.evaluate import Staged, decide_cases, stage
-from engine.gate.policy import Policy
+from engine.gate.policy import POLICY_NAMES, Policy
 from engine.scoring import review_measures, score
 
 __all__ = [
@@ -593,7 +593,7 @@ def now_utc() -> str:
 def add_arguments(p: Any) -> None:
     """``memgate calibrate``'s own flags (the CLI adds the engine flags)."""
     p.add_argument("--cases", required=True, help="labelled cases (JSON Lines, eval format)")
-    p.add_argument("--policy", choices=["strict", "review"], default="strict", help="base policy")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), default="strict", help="base policy")
     p.add_argument(
         "--grid",
         action="append",

@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from engine.cli.common import add_engine_flags, add_policy_file_flag, engine_settings
+from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["register"]
 
@@ -18,7 +19,7 @@ def register(sub: Any) -> None:
         "eval", help="predict gate cases (shared eval format); score them when labelled"
     )
     p.add_argument("--cases", required=True)
-    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), help="default: strict")
     add_policy_file_flag(p)
     p.add_argument("--out", help="predictions.jsonl (default: stdout when unlabelled)")
     p.add_argument("--json", action="store_true", help="the scores as one JSON object")

@@ -13,6 +13,7 @@ from engine.cli.common import (
     facts_from_arg,
     print_decision,
 )
+from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["register"]
 
@@ -20,7 +21,7 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     p = sub.add_parser("triage", help="decide a JSON Lines file of facts (dry run by default)")
     p.add_argument("file", help="JSON Lines of facts, or - for stdin")
-    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), help="default: strict")
     add_policy_file_flag(p)
     p.add_argument("--apply", action="store_true", help="commit the decisions to the store")
     p.add_argument("--json", action="store_true")

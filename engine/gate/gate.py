@@ -9,7 +9,6 @@ transaction and then moves the indexes; a dry run decides only.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import defaultdict
@@ -17,33 +16,36 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
-from typing import Any, Protocol
+from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
 from engine.errors import InvalidInput
 from engine.gate import keys as keymod
-from engine.gate import normalize as normmod
-from engine.gate import overlap
-from engine.gate.policy import Evidence, Policy, decide, policy_by_name
-from engine.store import Write, WriteResult, new_memory_id
-from engine.types import KINDS, Candidate, Decision, Fact, Memory
+from engine.gate.commit import commit
+from engine.gate.decide import decide
+from engine.gate.embed import embed
+from engine.gate.plan import plan
+from engine.gate.policy import Policy, policy_by_name
+from engine.gate.ports import NLI, Embedder, Index, Store
+from engine.gate.recall import recall
+from engine.gate.relate import relate
+from engine.gate.score import score
+from engine.gate.thresholds import for_model
+from engine.store import WriteResult, new_memory_id
+from engine.store.base import Resolution, ReviewResolution
+from engine.types import KINDS, Decision, Fact, Memory, ReviewItem
 from engine.validation import is_namespace
 
 __all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
 
+EmbedderLike = Embedder
+"""Former name of :class:`engine.gate.ports.Embedder`."""
+NLILike = NLI
+"""Former name of :class:`engine.gate.ports.NLI`."""
 
-class EmbedderLike(Protocol):
-    dim: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-class NLILike(Protocol):
-    contradiction_index: int
-    entailment_index: int | None
-
-    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
+S = TypeVar("S", bound=Store)
+X = TypeVar("X", bound=Index)
 
 
 @dataclass(frozen=True)
@@ -71,17 +73,6 @@ class TriageResult:
     nli_pairs: int = 0
 
 
-@dataclass
-class _Ref:
-    """A memory the gate can compare against: stored (rowid >= 0) or earlier in this batch."""
-
-    memory_id: str
-    text: str
-    key: str | None
-    inferred_key: str | None
-    rowid: int | None = None
-
-
 def validate_fact(fact: Fact, settings: GateSettings) -> None:
     if not is_namespace(fact.namespace):  # the one rule of every entry point
         raise InvalidInput(
@@ -104,19 +95,19 @@ def validate_fact(fact: Fact, settings: GateSettings) -> None:
         raise InvalidInput("idempotency_key must be 1-128 characters")
 
 
-def _same_text(a: str, b: str) -> bool:
-    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+class Gate(Generic[S, X]):
+    """Decides, and optionally commits, batches of facts. Thread-safe per namespace.
 
-
-class Gate:
-    """Decides, and optionally commits, batches of facts. Thread-safe per namespace."""
+    Generic in the concrete store and index, so a caller keeps their full types
+    (``gate.index.close()``); the gate itself uses only the :mod:`engine.gate.ports` protocols.
+    """
 
     def __init__(
         self,
-        store: Any,
-        index: Any,
-        embedder: EmbedderLike,
-        nli: NLILike,
+        store: S,
+        index: X,
+        embedder: Embedder,
+        nli: NLI,
         settings: GateSettings | None = None,
     ) -> None:
         self.store = store
@@ -149,7 +140,10 @@ class Gate:
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        pol = policy_by_name(policy) if isinstance(policy, str) else policy
+        if isinstance(policy, str):
+            pol = for_model(policy_by_name(policy), _model_name(self.nli))
+        else:
+            pol = policy
         pol = pol.with_overrides(overrides)
         if len(facts) > self.settings.max_batch:
             raise InvalidInput(
@@ -223,284 +217,41 @@ class Gate:
 
     def _recorded(self, facts: Sequence[Fact]) -> dict[int, WriteResult]:
         """The store's recorded result for every fact whose idempotency key it already holds."""
-        keys: dict[str, list[int]] = defaultdict(list)
+        keys: dict[str, list[tuple[int, str]]] = defaultdict(list)
         for i, fact in enumerate(facts):
             if fact.idempotency_key is not None:
-                keys[fact.namespace].append(i)
+                keys[fact.namespace].append((i, fact.idempotency_key))
         out: dict[int, WriteResult] = {}
-        for ns, idx in keys.items():
-            found = self.store.idempotent_results(ns, [facts[i].idempotency_key for i in idx])
-            for i in idx:
-                r = found.get(facts[i].idempotency_key)
+        for ns, slots in keys.items():
+            found = self.store.idempotent_results(ns, [key for _, key in slots])
+            for i, key in slots:
+                r = found.get(key)
                 if r is not None:
                     out[i] = r
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
+        """plan -> embed -> recall -> relate -> score -> weigh / decide -> commit."""
         timings: dict[str, float] = {}
-        checked = [i for i, f in enumerate(facts) if f.kind != "episodic" and f.key is None]
-        norm = {i: normmod.normalize(facts[i].text) for i in checked} if pol.normalize else {}
-        # Extra recall queries: the current-state rewrite of an event-phrased fact, and the old
-        # state a "no longer" fact negates (an event is often far from the stored state in
-        # embedding space; its rewrite and its old state are not).
-        queries: list[tuple[int, str]] = []
-        for i in checked:
-            if i in norm and norm[i].rule:
-                queries.append((i, norm[i].hypothesis))
-                old_state = _old_state(norm[i])
-                if old_state:
-                    queries.append((i, old_state))
+        probes = plan(facts, pol)
         t0 = time.perf_counter()
-        embedded = self.embedder.embed([f.text for f in facts] + [q for _, q in queries])
-        vectors = embedded[: len(facts)]
-        extra: dict[int, list[np.ndarray]] = defaultdict(list)
-        for n, (i, _) in enumerate(queries):
-            extra[i].append(embedded[len(facts) + n])
+        vectors = embed(probes, self.embedder)
         timings["embed"] = time.perf_counter() - t0
-
         t0 = time.perf_counter()
-        recalled = self._recall(facts, vectors, extra, checked, pol.top_k)
+        recall(probes, self.store, self.index, pol.top_k)
         timings["search"] = time.perf_counter() - t0
-
-        inferred = {
-            i: keymod.infer_key(f.text) for i, f in enumerate(facts) if f.kind != "episodic"
-        }
-
-        # Candidate sets: stored neighbours plus earlier facts of this batch in the namespace.
-        cand: dict[int, list[tuple[_Ref, float]]] = {}
-        for i in checked:
-            pool = list(recalled.get(i, []))
-            for j in range(i):
-                fj = facts[j]
-                if fj.namespace == facts[i].namespace and fj.kind != "episodic" and fj.key is None:
-                    ref = _Ref(f"@{j}", fj.text, fj.key, _key_str(inferred.get(j)))
-                    sim = max(float(q @ vectors[j]) for q in [vectors[i], *extra.get(i, [])])
-                    pool.append((ref, sim))
-            pool.sort(key=lambda rs: -rs[1])
-            cand[i] = pool[: pol.top_k + i]  # earlier in-batch facts never crowd out stored ones
-
-        low = min(pol.floor, pol.key_match_floor)
-        relations: dict[tuple[int, str], Any] = {}
-        pairs: list[tuple[str, str]] = []
-        pair_at: dict[tuple[int, str, str], int] = {}
-        for i in checked:
-            hyp = norm[i].hypothesis if i in norm else facts[i].text
-            for rank, (ref, sim) in enumerate(cand[i]):
-                if sim < low:
-                    continue
-                rel = (
-                    keymod.relate(facts[i].text, ref.text, facts[i].key, ref.key)
-                    if pol.keys
-                    else None
-                )
-                if pol.keys and rel is not None and not rel.key_match and not rel.key_conflict:
-                    rel = _old_value_match(norm.get(i), ref.text) or rel
-                    if (
-                        not rel.key_match
-                        and sim >= pol.value_change_similarity
-                        and pol.lexical
-                        and overlap.value_change(ref.text, facts[i].text)
-                    ):
-                        rel = keymod.Relation(
-                            key_match=True, key_conflict=False, reason="value_change"
-                        )
-                relations[(i, ref.memory_id)] = rel
-                if rel is not None and rel.key_conflict:
-                    continue  # a sibling is never replaced: no need to ask the model
-                if sim < pol.floor and not (rel is not None and rel.key_match):
-                    continue
-                pair_at[(i, ref.memory_id, "fwd")] = len(pairs)
-                pairs.append((ref.text, hyp))
-                if (
-                    rank == 0
-                    and sim >= pol.duplicate_similarity
-                    and self.nli.entailment_index is not None
-                ):
-                    pair_at[(i, ref.memory_id, "rev")] = len(pairs)
-                    pairs.append((facts[i].text, ref.text))
-
+        relate(probes, pol, has_entailment=self.nli.entailment_index is not None)
         t0 = time.perf_counter()
-        probs = self.nli.score(pairs) if pairs else np.zeros((0, 2), dtype=np.float32)
-        # Verification: a candidate that conflicts forward is also scored the other way round
-        # (new fact = premise). A real update contradicts both ways; a refinement or a
-        # restatement ("studying law" <- "second year of law at Leiden") does not.
-        if pol.verify_reverse and len(pairs):
-            ci = self.nli.contradiction_index
-            bar = min(pol.contradiction, pol.key_match_contradiction)
-            extra_pairs: list[tuple[str, str]] = []
-            for (i, mid, way), at in list(pair_at.items()):
-                if way == "fwd" and probs[at, ci] > bar and (i, mid, "rev") not in pair_at:
-                    pair_at[(i, mid, "rev")] = len(pairs) + len(extra_pairs)
-                    extra_pairs.append((facts[i].text, pairs[at][0]))
-            if extra_pairs:
-                pairs.extend(extra_pairs)
-                probs = np.concatenate([probs, self.nli.score(extra_pairs)])
+        pairs = score(probes, self.nli, pol)
         timings["nli"] = time.perf_counter() - t0
-
         t0 = time.perf_counter()
-        decisions = self._decide_in_order(
-            facts, pol, cand, relations, probs, pair_at, norm, inferred
-        )
+        decisions = decide(probes, pol, self.store.active_by_key)
         timings["decide"] = time.perf_counter() - t0
-
         if apply:
             t0 = time.perf_counter()
-            decisions = self._commit(decisions, vectors, pol.name)
+            decisions = commit(self.store, self.index, decisions, vectors, pol.name)
             timings["store"] = time.perf_counter() - t0
-        return TriageResult(decisions=decisions, timings=timings, nli_pairs=len(pairs))
-
-    def _recall(
-        self,
-        facts: Sequence[Fact],
-        vectors: np.ndarray,
-        extra: dict[int, list[np.ndarray]],
-        checked: list[int],
-        k: int,
-    ) -> dict[int, list[tuple[_Ref, float]]]:
-        """Top-k stored neighbours per fact; a rewritten fact searches with both vectors."""
-        by_ns: dict[str, list[tuple[int, np.ndarray]]] = defaultdict(list)
-        for i in checked:
-            by_ns[facts[i].namespace].append((i, vectors[i]))
-            for q in extra.get(i, []):
-                by_ns[facts[i].namespace].append((i, q))
-        out: dict[int, list[tuple[_Ref, float]]] = {}
-        for ns, queries in by_ns.items():
-            scores, rowids = self.index.search(ns, np.stack([q for _, q in queries]), k)
-            wanted = {int(r) for r in rowids.ravel() if r >= 0}
-            refs = self.store.texts_for_rowids(ns, sorted(wanted)) if wanted else {}
-            best: dict[int, dict[int, float]] = defaultdict(dict)
-            for row, (i, _) in enumerate(queries):
-                for s, r in zip(scores[row], rowids[row], strict=True):
-                    if r >= 0 and best[i].get(int(r), -2.0) < s:
-                        best[i][int(r)] = float(s)
-            for i, hits in best.items():
-                ranked = sorted(hits.items(), key=lambda rs: -rs[1])[:k]
-                out[i] = [
-                    (_Ref(ref.id, ref.text, ref.key, ref.inferred_key, r), s)
-                    for r, s in ranked
-                    if (ref := refs.get(r)) is not None and ref.kind != "episodic"
-                ]
-        return out
-
-    def _decide_in_order(
-        self,
-        facts: Sequence[Fact],
-        pol: Policy,
-        cand: dict[int, list[tuple[_Ref, float]]],
-        relations: dict[tuple[int, str], Any],
-        probs: np.ndarray,
-        pair_at: dict[tuple[int, str, str], int],
-        norm: dict[int, Any],
-        inferred: dict[int, Any],
-    ) -> list[Decision]:
-        ci, ei = self.nli.contradiction_index, self.nli.entailment_index
-        decisions: list[Decision] = []
-        # In-batch state: ids given to earlier facts, memories they superseded, keyed slots.
-        batch_id: dict[str, str] = {}
-        gone: set[str] = set()
-        keyed: dict[tuple[str, str], tuple[str, str]] = {}
-        for i, fact in enumerate(facts):
-            new_id = new_memory_id()
-            ikey = _key_str(inferred.get(i))
-            hyp = norm[i].hypothesis if i in norm and norm[i].rule else None
-            if fact.kind == "episodic":
-                d = Decision("add", fact, None, (), pol.name, "episodic", memory_id=new_id)
-            elif fact.key is not None:
-                d = self._decide_keyed(fact, pol, keyed, gone, new_id, ikey)
-            else:
-                evidence = []
-                lexical, low = pol.lexical, min(pol.floor, pol.key_match_floor)
-                for ref, sim in cand[i]:
-                    mid = batch_id.get(ref.memory_id, ref.memory_id)
-                    if mid in gone or mid.startswith("@"):
-                        continue  # superseded earlier in this batch, or that fact stored nothing
-                    rel = relations.get((i, ref.memory_id))
-                    fwd = pair_at.get((i, ref.memory_id, "fwd"))
-                    rev = pair_at.get((i, ref.memory_id, "rev"))
-                    evidence.append(
-                        Evidence(
-                            memory_id=mid,
-                            text=ref.text,
-                            similarity=sim,
-                            contradiction=None if fwd is None else float(probs[fwd, ci]),
-                            entailment=None if fwd is None or ei is None else float(probs[fwd, ei]),
-                            reverse_contradiction=None if rev is None else float(probs[rev, ci]),
-                            reverse_entailment=None
-                            if rev is None or ei is None
-                            else float(probs[rev, ei]),
-                            key=ref.key or ref.inferred_key,
-                            key_match=bool(rel and rel.key_match),
-                            key_conflict=bool(rel and rel.key_conflict),
-                            conflict_reason=getattr(rel, "reason", "") if rel else "",
-                            # lexical evidence only where it can matter: above the floor
-                            contained=lexical
-                            and sim >= low
-                            and overlap.contains(ref.text, fact.text),
-                            partial=lexical
-                            and sim >= low
-                            and overlap.claims(ref.text, fact.text).partial,
-                        )
-                    )
-                v = decide(evidence, pol)
-                rule = v.rule
-                if hyp and v.action in ("replace", "review"):
-                    rule = f"{rule}+normalized:{norm[i].rule}"
-                d = Decision(
-                    v.action,
-                    fact,
-                    v.target_id,
-                    v.candidates,
-                    pol.name,
-                    rule,
-                    hypothesis=hyp,
-                    inferred_key=ikey,
-                    memory_id=new_id if v.action in ("add", "replace") else None,
-                )
-            if d.action in ("add", "replace") and d.memory_id:
-                batch_id[f"@{i}"] = d.memory_id
-            if d.action == "replace" and d.target_id:
-                gone.add(d.target_id)
-            decisions.append(d)
-        return decisions
-
-    def _decide_keyed(
-        self,
-        fact: Fact,
-        pol: Policy,
-        keyed: dict[tuple[str, str], tuple[str, str]],
-        gone: set[str],
-        new_id: str,
-        ikey: str | None,
-    ) -> Decision:
-        assert fact.key is not None
-        slot = (fact.namespace, fact.key)
-        current: tuple[str, str] | None = keyed.get(slot)
-        if current is None:
-            mem: Memory | None = self.store.active_by_key(fact.namespace, fact.key)
-            if mem is not None and mem.id not in gone:
-                current = (mem.id, mem.text)
-        if current is None:
-            d = Decision(
-                "add", fact, None, (), pol.name, "keyed_new", inferred_key=ikey, memory_id=new_id
-            )
-            keyed[slot] = (new_id, fact.text)
-            return d
-        cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, "same_key"),)
-        if _same_text(current[1], fact.text):
-            return Decision(
-                "skip", fact, current[0], cand, pol.name, "keyed_same", inferred_key=ikey
-            )
-        keyed[slot] = (new_id, fact.text)
-        return Decision(
-            "replace",
-            fact,
-            current[0],
-            cand,
-            pol.name,
-            "keyed",
-            inferred_key=ikey,
-            memory_id=new_id,
-        )
+        return TriageResult(decisions=decisions, timings=timings, nli_pairs=pairs)
 
     # -- reads and corrections -------------------------------------------------------------
     def get(self, namespace: str, memory_id: str) -> Memory | None:
@@ -548,15 +299,15 @@ class Gate:
                 )
         return res.restored, res.undone
 
-    def list_review(self, namespace: str, limit: int = 100) -> list[Any]:
+    def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
         return list(self.store.list_review(namespace, "pending", limit))
 
-    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> Any:
+    def resolve_review(self, namespace: str, review_id: str, resolution: str) -> ReviewResolution:
         """accept = replace the target, keep_both = add, reject = discard."""
         if resolution not in ("accept", "keep_both", "reject"):
             raise InvalidInput("resolution must be accept, keep_both or reject")
         with self.namespaces_locked({namespace}):
-            res = self.store.resolve_review(namespace, review_id, resolution)
+            res = self.store.resolve_review(namespace, review_id, cast(Resolution, resolution))
             if res.rowid is not None and res.embedding is not None:
                 self.index.add(
                     namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :]
@@ -586,79 +337,14 @@ class Gate:
             for f in facts
         ]
         with self.namespaces_locked({f.namespace for f in facts}):
-            return self._commit(decisions, vectors, "ingest")
-
-    # -- commit --------------------------------------------------------------------------
-    def _commit(
-        self, decisions: list[Decision], vectors: np.ndarray, policy: str
-    ) -> list[Decision]:
-        writes = [
-            Write(
-                action=d.action,
-                fact=d.fact,
-                target_id=d.target_id,
-                embedding=vectors[i],
-                scores=d.scores(),
-                policy=policy,
-                inferred_key=d.inferred_key,
-                memory_id=d.memory_id,
-            )
-            for i, d in enumerate(decisions)
-        ]
-        results = self.store.commit(writes)
-        adds: dict[str, tuple[list[int], list[np.ndarray]]] = defaultdict(lambda: ([], []))
-        removes: dict[str, list[int]] = defaultdict(list)
-        out = []
-        for i, (d, r) in enumerate(zip(decisions, results, strict=True)):
-            ns = d.fact.namespace
-            if r.replayed:
-                out.append(
-                    dc_replace(
-                        d,
-                        action=r.action,
-                        target_id=r.target_id,
-                        memory_id=r.memory_id,
-                        review_id=r.review_id,
-                        replayed=True,
-                    )
-                )
-                continue
-            if r.rowid is not None:
-                adds[ns][0].append(r.rowid)
-                adds[ns][1].append(vectors[i])
-            if r.superseded_rowid is not None:
-                removes[ns].append(r.superseded_rowid)
-            out.append(dc_replace(d, memory_id=r.memory_id, review_id=r.review_id))
-        for ns, (rowids, vecs) in adds.items():
-            self.index.add(ns, np.asarray(rowids, dtype=np.int64), np.stack(vecs))
-        for ns, rowids in removes.items():
-            self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
-        return out
+            return commit(self.store, self.index, decisions, vectors, "ingest")
 
 
-_NEGATION = re.compile(r"\b(?:no longer|not|never|anymore|any more)\b\s*|n't\b", re.IGNORECASE)
-
-
-def _old_state(norm: Any) -> str | None:
-    """The state a change fact says is over ("Ines no longer teaches" -> "Ines teaches")."""
-    if not (norm.is_change and norm.negated and norm.old_value):
-        return None
-    clause = re.split(r"[;:]|, (?:and|but|so) ", norm.hypothesis)[0]
-    stripped = " ".join(_NEGATION.sub("", clause).split())
-    return stripped if stripped and stripped != clause else None
-
-
-def _old_value_match(norm: Any, memory: str) -> keymod.Relation | None:
-    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
-    old = getattr(norm, "old_value", None)
-    if not old or len(old) < 2:
-        return None
-    pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
-    found = re.search(pattern, memory, flags=re.IGNORECASE)
-    return (
-        keymod.Relation(key_match=True, key_conflict=False, reason="old_value") if found else None
-    )
-
-
-def _key_str(key: Any) -> str | None:
+def _key_str(key: keymod.AttributeKey | None) -> str | None:
     return None if key is None else str(key)
+
+
+def _model_name(model: object) -> str | None:
+    """The artefact name in a runtime's manifest (None for fakes and foreign scorers)."""
+    name = getattr(getattr(model, "manifest", None), "name", None)
+    return name if isinstance(name, str) else None

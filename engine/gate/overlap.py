@@ -22,6 +22,7 @@ from functools import lru_cache
 __all__ = [
     "Claims",
     "claims",
+    "close",
     "content_tokens",
     "contains",
     "coverage",
@@ -91,7 +92,7 @@ def content_tokens(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _close(a: str, b: str) -> bool:
+def close(a: str, b: str) -> bool:
     """Equal, or one edit apart for words of 5+ letters (typos), or a shared 5-letter stem."""
     if a == b:
         return True
@@ -115,7 +116,7 @@ def _close(a: str, b: str) -> bool:
 
 
 def _covered(token: str, pool: tuple[str, ...]) -> bool:
-    return any(_close(token, other) for other in pool)
+    return any(close(token, other) for other in pool)
 
 
 def coverage(part: str, whole: str) -> float:

@@ -321,3 +321,35 @@ def test_decisions_report_scores_for_every_candidate(gate: Gate) -> None:
     sims = [c.similarity for c in d.candidates]
     assert sims == sorted(sims, reverse=True)
     assert np.isfinite(sims).all()
+
+
+def test_review_policy_queues_every_conflict_by_default(make_gate: Callable[..., Gate]) -> None:
+    """The seed's review policy: even a confident conflict is queued, nothing replaced."""
+    g = make_gate()
+    g.ingest([Fact("t/rv", "The customer's office is in Denver.")])
+    d = g.triage([Fact("t/rv", "The customer's office is in Chicago.")], "review").decisions[0]
+    assert d.action == "review" and d.target_id is not None
+    confident = g.triage(
+        [Fact("t/rv", "The customer's office is in Chicago.")], "review-uncertain"
+    ).decisions[0]
+    assert confident.action == "replace" and confident.target_id == d.target_id
+
+
+@pytest.mark.parametrize(
+    ("stored", "incoming"),
+    [
+        (
+            "Lorenzo's commute is 12 km each way.",
+            "Lorenzo's commute is twelve kilometres each way.",
+        ),
+        ("Parisa's lease ends on 31/08/2026.", "Parisa's lease runs until August 31, 2026."),
+    ],
+)
+def test_a_value_in_another_format_is_a_duplicate_not_an_update(
+    make_gate: Callable[..., Gate], stored: str, incoming: str
+) -> None:
+    g = make_gate()
+    (kept,) = g.ingest([Fact("t/fmt", stored), Fact("t/fmt", "Lorenzo cycles on Sundays.")])[:1]
+    d = g.triage([Fact("t/fmt", incoming)], "strict").decisions[0]
+    assert (d.action, d.target_id) == ("skip", kept.memory_id)
+    assert d.rule in ("restated", "duplicate", "contained")

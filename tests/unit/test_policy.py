@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidInput
-from engine.gate.policy import REVIEW, STRICT, Evidence, Policy, decide, policy_by_name
+from engine.gate.policy import (
+    REVIEW,
+    REVIEW_UNCERTAIN,
+    STRICT,
+    Evidence,
+    Policy,
+    decide,
+    policy_by_name,
+)
 
 
 def ev(mid: str, sim: float, contra: float | None = 0.0, **kw: object) -> Evidence:
@@ -37,16 +45,23 @@ def test_threshold_is_strictly_greater() -> None:
     assert decide([ev("a", 0.8, 0.9501)], STRICT).action == "replace"
 
 
-def test_review_policy_queues_uncertain_conflicts_and_applies_confident_ones() -> None:
+def test_review_uncertain_queues_uncertain_conflicts_and_applies_confident_ones() -> None:
+    pol = policy_by_name("review-uncertain")
+    assert pol is REVIEW_UNCERTAIN and pol.review_scope == "uncertain" and pol.floor == 0.45
     # between the review floor and the confident floor: queued
-    assert (decide([ev("a", 0.5, 0.99)], REVIEW).action, "a") == ("review", "a")
-    confident = decide([ev("a", 0.8, 0.99)], REVIEW)
+    assert (decide([ev("a", 0.5, 0.99)], pol).action, "a") == ("review", "a")
+    confident = decide([ev("a", 0.8, 0.99)], pol)
     assert (confident.action, confident.rule) == ("replace", "contradiction+confident")
+    same = decide([ev("a", 0.8, 0.99)], REVIEW.with_overrides({"review_scope": "uncertain"}))
+    assert same.action == "replace"
 
 
-def test_review_scope_all_queues_every_conflict() -> None:
-    v = decide([ev("a", 0.8, 0.99)], REVIEW.with_overrides({"review_scope": "all"}))
-    assert (v.action, v.target_id) == ("review", "a")
+def test_review_queues_every_conflict_and_replaces_nothing() -> None:
+    # the seed's review policy: floor 0.45, every conflict to the queue
+    assert REVIEW.floor == 0.45 and REVIEW.review_scope == "all"
+    for sim in (0.5, 0.8, 0.99):
+        v = decide([ev("a", sim, 0.99)], REVIEW)
+        assert (v.action, v.target_id) == ("review", "a")
 
 
 def test_partial_contradiction_of_a_multi_claim_memory_is_reviewed_even_under_strict() -> None:

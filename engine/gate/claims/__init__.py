@@ -1,0 +1,8 @@
+"""Claims read from text with spaCy: parsing (``claim``), values (``canon``), comparison
+(``compare``); vocabulary of value formats as data (``vocab``); spaCy itself only in ``nlp``."""
+
+from engine.gate.claims.canon import values
+from engine.gate.claims.claim import Claim, claim
+from engine.gate.claims.compare import partial, restates
+
+__all__ = ["Claim", "claim", "partial", "restates", "values"]

@@ -1,0 +1,205 @@
+"""Value canonicalisation: the values a text states, each in one canonical spelling.
+
+"$1,240,000", "1.24 million dollars" and "USD 1.24m" are all ``money:usd:1240000``;
+"31/08/2026" and "August 31, 2026" are both ``date:08-31`` plus ``year:2026``; "twelve
+kilometres" and "12 km" are ``qty:km:12``; "MSKU 448120-3" and "MSKU4481203" are
+``id:msku4481203``; "06 12 44 80 19" and "0612448019" are ``id:0612448019``. Plain numbers are
+``num:<n>``. A day/month date that reads both ways (05/06) yields both readings.
+
+Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
+call" as a date; we only read the formats people write values in.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from functools import lru_cache
+
+from engine.gate.claims.vocab import CURRENCIES, MAGNITUDES, NUMBER_WORDS, UNITS
+
+__all__ = ["FORMAT_WORDS", "values"]
+
+_MONTHS: dict[str, int] = {}
+for _n in range(1, 13):
+    _MONTHS[calendar.month_name[_n].lower()] = _n
+    _MONTHS[calendar.month_abbr[_n].lower()] = _n
+_MONTHS["sept"] = 9
+_MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
+FORMAT_WORDS: frozenset[str] = frozenset(
+    [*_MONTHS, *UNITS, *CURRENCIES, *MAGNITUDES, *NUMBER_WORDS, "am", "pm"]
+)
+"""Words that only spell a value (months, units, currencies, number words): not content."""
+
+_ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
+_NUMERIC_DATE = re.compile(r"\b(\d{1,2})[/.](\d{1,2})[/.](\d{4}|\d{2})\b")
+_DAY_MONTH = re.compile(
+    rf"\b(\d{{1,2}})(?:st|nd|rd|th)?(?:\s+of)?\s+({_MONTH})\.?(?:,?\s+(\d{{4}}))?\b", re.I
+)
+_MONTH_DAY = re.compile(
+    rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}}))?", re.I
+)
+_MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?\s+(\d{{4}})\b", re.I)
+_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)|\b(\d{1,2}):(\d{2})\b", re.I)
+_CODE = re.compile(r"\b(?:[A-Z]{2,}[ -]?|[A-Za-z]{2,}-?)\d[\d-]{3,}\d\b")
+_DIGIT_RUN = re.compile(r"(?<![\w$£€.,])\+?\d[\d ().-]{5,}\d(?![\w%])")
+_ALNUM = re.compile(r"\b(?=[\w.-]*[A-Za-z])(?=[\w.-]*\d)[A-Za-z0-9][\w.-]*[A-Za-z0-9]\b")
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:-[A-Za-z]+)*|[$£€¥₹%°]|\S")
+
+
+@lru_cache(maxsize=65536)
+def values(text: str) -> frozenset[str]:
+    """The canonical values stated in ``text`` (empty when it states none)."""
+    out: set[str] = set()
+    text = text.replace("’", "'").replace("\u00a0", " ")
+    text = _dates(text, out)
+    text = _times(text, out)
+    text = _identifiers(text, out)
+    _amounts(text, out)
+    return frozenset(out)
+
+
+def _blank(text: str, m: re.Match[str]) -> str:
+    return text[: m.start()] + " ; " + text[m.end() :]
+
+
+def _date(out: set[str], month: int, day: int, year: str | None) -> None:
+    if 1 <= month <= 12 and 1 <= day <= 31:
+        out.add(f"date:{month:02d}-{day:02d}")
+    if year:
+        y = int(year)
+        out.add(f"year:{y + 2000 if y < 100 else y}")
+
+
+def _dates(text: str, out: set[str]) -> str:
+    for pattern in (_ISO, _NUMERIC_DATE, _DAY_MONTH, _MONTH_DAY, _MONTH_YEAR):
+        while (m := pattern.search(text)) is not None:
+            g = m.groups()
+            if pattern is _ISO:
+                _date(out, int(g[1]), int(g[2]), g[0])
+            elif pattern is _NUMERIC_DATE:
+                a, b = int(g[0]), int(g[1])
+                _date(out, b, a, g[2])  # day first (most of the world)
+                if a <= 12 and a != b:
+                    _date(out, a, b, None)  # month first: another reading
+            elif pattern is _DAY_MONTH:
+                _date(out, _MONTHS[g[1].lower()], int(g[0]), g[2])
+            elif pattern is _MONTH_DAY:
+                _date(out, _MONTHS[g[0].lower()], int(g[1]), g[2])
+            else:
+                out.add(f"month:{_MONTHS[g[0].lower()]:02d}")
+                out.add(f"year:{g[1]}")
+            text = _blank(text, m)
+    return text
+
+
+def _times(text: str, out: set[str]) -> str:
+    while (m := _TIME.search(text)) is not None:
+        if m.group(3):
+            hour, minute = int(m.group(1)) % 12, int(m.group(2) or 0)
+            if m.group(3).lower().startswith("p"):
+                hour += 12
+        else:
+            hour, minute = int(m.group(4)), int(m.group(5))
+        if hour < 24 and minute < 60:
+            out.add(f"time:{hour:02d}:{minute:02d}")
+        text = _blank(text, m)
+    return text
+
+
+def _identifiers(text: str, out: set[str]) -> str:
+    while (m := _CODE.search(text)) is not None:
+        out.add("id:" + re.sub(r"[^a-z0-9]", "", m.group().lower()))
+        text = _blank(text, m)
+    for m in list(_DIGIT_RUN.finditer(text)):
+        digits = re.sub(r"\D", "", m.group())
+        if len(digits) >= 7:
+            out.add("id:" + digits)
+            text = text.replace(m.group(), " ; ", 1)
+    for m in list(_ALNUM.finditer(text)):
+        word = m.group()
+        head = re.match(r"^(\d+(?:\.\d+)?)([A-Za-z%]+)$", word)
+        if head and head.group(2).lower() in UNITS | MAGNITUDES.keys():
+            continue  # "12km", "94k": an amount, read below
+        out.add("id:" + re.sub(r"[^a-z0-9]", "", word.lower()))
+        text = text.replace(word, " ; ", 1)
+    return text
+
+
+def _number(tokens: list[str], i: int) -> tuple[float, int] | None:
+    """The number starting at ``tokens[i]`` (digits or words, with a magnitude), and the end."""
+    tok = tokens[i].lower()
+    if tok[0].isdigit():
+        try:
+            value = float(tok.replace(",", ""))
+        except ValueError:
+            return None
+        if re.fullmatch(r"\d{1,3}(?:\.\d{3})+", tok):  # "1.240.000"
+            value = float(tok.replace(".", ""))
+        j = i + 1
+    elif tok in NUMBER_WORDS or (tok.split("-")[0] in NUMBER_WORDS and "-" in tok):
+        parts = tok.split("-")
+        if not all(p in NUMBER_WORDS for p in parts):
+            return None
+        value, j = float(sum(NUMBER_WORDS[p] for p in parts)), i + 1
+        while j < len(tokens) and tokens[j].lower() in NUMBER_WORDS and value % 10 == 0:
+            value += NUMBER_WORDS[tokens[j].lower()]
+            j += 1
+    else:
+        return None
+    while j < len(tokens) and tokens[j].lower() in MAGNITUDES:
+        if tokens[j] == "M" or tokens[j].lower() in ("m", "k") and not tok[0].isdigit():
+            break
+        value *= MAGNITUDES[tokens[j].lower()]
+        j += 1
+        if (
+            j + 1 < len(tokens)
+            and tokens[j].lower() == "and"
+            and tokens[j + 1].lower() in NUMBER_WORDS
+        ):
+            rest = _number(tokens, j + 1)
+            if rest is not None:
+                value += rest[0]
+                j = rest[1]
+    return value, j
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:g}"
+
+
+def _amounts(text: str, out: set[str]) -> None:
+    tokens = _TOKEN.findall(text)
+    i = 0
+    while i < len(tokens):
+        low = tokens[i].lower()
+        currency = (
+            CURRENCIES.get(low) if not low[0].isalpha() or low.isupper() or len(low) > 1 else None
+        )
+        if currency and low in ("$", "£", "€", "¥", "₹", "usd", "gbp", "eur", "jpy", "chf", "inr"):
+            got = _number(tokens, i + 1) if i + 1 < len(tokens) else None
+            if got is not None:
+                out.add(f"money:{currency}:{_fmt(got[0])}")
+                i = got[1]
+                continue
+        got = _number(tokens, i)
+        if got is None or (low in ("one", "zero") and got[1] == i + 1):
+            i += 1
+            continue
+        value, j = got
+        after = tokens[j].lower() if j < len(tokens) else ""
+        two = f"{after} {tokens[j + 1].lower()}" if j + 1 < len(tokens) else ""
+        if after in CURRENCIES and after[0].isalpha():
+            out.add(f"money:{CURRENCIES[after]}:{_fmt(value)}")
+            j += 1
+        elif two in UNITS:
+            out.add(f"qty:{UNITS[two]}:{_fmt(value)}")
+            j += 2
+        elif after in UNITS:
+            out.add(f"qty:{UNITS[after]}:{_fmt(value)}")
+            j += 1
+        elif tokens[i][0].isdigit() and len(tokens[i]) == 4 and 1900 <= value <= 2100:
+            out.add(f"year:{_fmt(value)}")
+        else:
+            out.add(f"num:{_fmt(value)}")
+        i = j

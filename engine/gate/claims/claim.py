@@ -1,0 +1,106 @@
+"""One text as a claim: who it is about, what it says, which values, polarity, how many parts.
+
+Read from spaCy's parse: the subject is the root predicate's ``nsubj``/``nsubjpass`` phrase
+(possessors included: "Maya's office" is about Maya's office); predicates are the root and the
+verbs coordinated with it ("lives in Sendai and works for Tohoku Rail" has two parts);
+negation is a ``neg`` dependent or a negative determiner ("no", "never", "none"); content is the
+lemmas of the nouns, verbs, adjectives and adverbs outside the values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from engine.gate.claims.canon import FORMAT_WORDS, values
+from engine.gate.claims.nlp import parse
+
+__all__ = ["Claim", "claim"]
+
+_CONTENT_POS = frozenset({"NOUN", "PROPN", "VERB", "ADJ", "ADV", "NUM"})
+_NEGATORS = frozenset({"no", "not", "never", "none", "nobody", "nothing", "without", "n't"})
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    text: str
+    subject: frozenset[str]
+    """Lemmas of the subject phrase (empty for a subjectless instruction)."""
+    content: frozenset[str]
+    """Lemmas of content words, values and subject excluded."""
+    values: frozenset[str]
+    """Canonical values (:func:`engine.gate.claims.canon.values`)."""
+    negated: bool
+    parts: tuple[frozenset[str], ...]
+    """Content lemmas of each coordinated predicate (one entry for a simple sentence)."""
+    predicates: tuple[str, ...]
+    """Lemma of each part's predicate, in order."""
+    names: frozenset[str]
+    """Content lemmas that name or qualify (proper nouns, possessors, adjectives, noun
+    modifiers), subject included: the
+    words a changed value in words shows in ("Gold" for "Bronze", "evening" for "morning")."""
+
+
+def _lemma(tok: Any) -> str:
+    return str(tok.lemma_).lower()
+
+
+def _is_content(tok: Any) -> bool:
+    return (
+        tok.pos_ in _CONTENT_POS
+        and not tok.is_stop
+        and not tok.like_num
+        and tok.lower_ not in FORMAT_WORDS
+        and any(ch.isalpha() for ch in tok.text)
+        and not any(ch.isdigit() for ch in tok.text)  # identifiers are values
+    )
+
+
+@lru_cache(maxsize=65536)
+def claim(text: str) -> Claim:
+    doc = parse(text)
+    roots = [t for t in doc if t.dep_ == "ROOT"]
+    preds: list[Any] = []
+    for root in roots:
+        preds.append(root)
+        preds.extend(
+            t
+            for t in root.subtree
+            if t.dep_ == "conj" and t.pos_ in ("VERB", "AUX") and t.head in preds
+        )
+    subject: set[str] = set()
+    for pred in preds:
+        for child in pred.children:
+            if child.dep_ in ("nsubj", "nsubjpass"):
+                subject.update(_lemma(t) for t in child.subtree if _is_content(t))
+    negated = any(t.dep_ == "neg" or t.lower_ in _NEGATORS for t in doc)
+    content = frozenset(_lemma(t) for t in doc if _is_content(t)) - subject
+    parts = []
+    pred_ids = {p.i for p in preds}
+    for pred in preds:
+        own = [
+            t
+            for t in pred.subtree
+            if not any(
+                a.i in pred_ids and a.i != pred.i
+                for a in [t, *t.ancestors]
+                if a.i > pred.i or a is t
+            )
+        ]
+        parts.append(frozenset(_lemma(t) for t in own if _is_content(t)) - subject)
+    return Claim(
+        text=text,
+        subject=frozenset(subject),
+        content=content,
+        values=values(text),
+        negated=negated,
+        parts=tuple(parts),
+        predicates=tuple(_lemma(p) for p in preds),
+        names=frozenset(
+            _lemma(t)
+            for t in doc
+            if (_is_content(t) or t.dep_ == "poss" and t.pos_ != "PRON")
+            and (t.pos_ in ("PROPN", "ADJ") or t.dep_ in ("compound", "amod", "nmod", "poss"))
+        ),
+    )

@@ -1,0 +1,58 @@
+"""Comparisons of two claims: a restatement of the same values, a partial address of a memory.
+
+* :func:`restates`: the fact states values, every one of them is among the memory's (after
+  canonicalisation: "$1,240,000" = "1.24 million dollars"), the polarity agrees, no name or
+  qualifier of one side stands where the other has another ("Gold" vs "Bronze" plan, same
+  member number), and the fact's other content words are mostly found in the memory: the same
+  claim in another format. A
+  restatement is never a conflict, whatever the NLI model says about two spellings.
+* :func:`partial`: the memory has coordinated predicates ("lives in Sendai and works for Tohoku
+  Rail") and the fact addresses some but not all of them: replacing the memory would lose the
+  others.
+"""
+
+from __future__ import annotations
+
+from engine.gate.claims.claim import Claim
+from engine.gate.overlap import close
+
+__all__ = ["coverage", "partial", "restates"]
+
+_LIGHT = frozenset({"be", "have", "get", "do"})
+
+
+def coverage(words: frozenset[str], pool: frozenset[str]) -> float:
+    """Share of ``words`` found in ``pool`` (typo-tolerant); 1.0 for no words."""
+    if not words:
+        return 1.0
+    return sum(1 for w in words if any(close(w, p) for p in pool)) / len(words)
+
+
+def restates(memory: Claim, fact: Claim, min_coverage: float) -> bool:
+    typed = any(not v.startswith("num:") for v in fact.values)
+    if not typed or not fact.values <= memory.values or fact.negated != memory.negated:
+        return False  # a bare number ("Route 14") may be part of a name: too weak alone
+    known = memory.content | memory.subject
+    if fact.subject and coverage(fact.subject, known) == 0.0:
+        return False
+    if _swapped(fact.names, known) and _swapped(known, fact.content | fact.subject):
+        return False  # a name or qualifier in place of another: a value changed in words
+    return coverage(fact.content, known) >= min_coverage
+
+
+def _swapped(names: frozenset[str], other: frozenset[str]) -> bool:
+    return any(coverage(frozenset({n}), other) == 0.0 for n in names)
+
+
+def partial(memory: Claim, fact: Claim) -> bool:
+    if len(memory.parts) < 2:
+        return False
+    said = fact.content | frozenset(fact.predicates)
+    touched = 0
+    for pred, part in zip(memory.predicates, memory.parts, strict=True):
+        if pred in _LIGHT:
+            hit = coverage(part, said) > 0.0 if part else False
+        else:
+            hit = any(close(pred, w) for w in said)
+        touched += hit
+    return 0 < touched < len(memory.parts)

@@ -1,0 +1,119 @@
+"""Step 7, ``decide``: the facts' decisions, in batch order.
+
+A later fact sees what earlier facts of the batch did: a memory an earlier fact replaced is no
+longer a candidate, an earlier fact that stored nothing (skip, review) is not one either, and an
+earlier fact's candidate id resolves to the id its memory got. The rules:
+
+* ``episodic``: an event log entry is always added;
+* ``keyed_new`` / ``keyed_same`` / ``keyed``: a fact with an explicit key is added when its
+  namespace holds no active memory with that key, skipped when it repeats that memory's text,
+  and replaces it otherwise (no model involved);
+* every other fact: the policy's rule (:func:`engine.gate.policy.decide`) over its candidates'
+  evidence (:mod:`engine.gate.weigh`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from engine.gate.policy import Policy
+from engine.gate.policy import decide as rule
+from engine.gate.probe import Probe
+from engine.gate.weigh import weigh
+from engine.store import new_memory_id
+from engine.types import Candidate, Decision, Memory
+
+__all__ = ["Batch", "decide"]
+
+ActiveByKey = Callable[[str, str], Memory | None]
+
+
+@dataclass
+class Batch:
+    """What earlier facts of this batch did, as later facts must see it."""
+
+    ids: dict[str, str] = field(default_factory=dict)
+    """``@<index>`` -> the memory id that fact stored."""
+    gone: set[str] = field(default_factory=set)
+    """Memories replaced by an earlier fact."""
+    keyed: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    """(namespace, key) -> (memory id, text) of the newest keyed write."""
+
+    def record(self, probe: Probe, d: Decision) -> None:
+        if d.action in ("add", "replace") and d.memory_id:
+            self.ids[f"@{probe.index}"] = d.memory_id
+        if d.action == "replace" and d.target_id:
+            self.gone.add(d.target_id)
+
+
+def decide(probes: Sequence[Probe], policy: Policy, active_by_key: ActiveByKey) -> list[Decision]:
+    batch = Batch()
+    out = []
+    for probe in probes:
+        new_id = new_memory_id()
+        if probe.fact.kind == "episodic":
+            d = Decision("add", probe.fact, None, (), policy.name, "episodic", memory_id=new_id)
+        elif probe.fact.key is not None:
+            d = _keyed(probe, policy, batch, active_by_key, new_id)
+        else:
+            d = _free_text(probe, policy, batch, new_id)
+        batch.record(probe, d)
+        probe.decision = d
+        out.append(d)
+    return out
+
+
+def _free_text(probe: Probe, policy: Policy, batch: Batch, new_id: str) -> Decision:
+    evidence = []
+    for hit in probe.hits:
+        mid = batch.ids.get(hit.ref.memory_id, hit.ref.memory_id)
+        if mid in batch.gone or mid.startswith("@"):
+            continue  # superseded earlier in this batch, or that fact stored nothing
+        evidence.append(weigh(probe, hit, policy, mid))
+    v = rule(evidence, policy)
+    name = v.rule
+    if probe.hypothesis and probe.norm is not None and v.action in ("replace", "review"):
+        name = f"{name}+normalized:{probe.norm.rule}"
+    return Decision(
+        v.action,
+        probe.fact,
+        v.target_id,
+        v.candidates,
+        policy.name,
+        name,
+        hypothesis=probe.hypothesis,
+        inferred_key=probe.key_text,
+        memory_id=new_id if v.action in ("add", "replace") else None,
+    )
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def _keyed(
+    probe: Probe, policy: Policy, batch: Batch, active_by_key: ActiveByKey, new_id: str
+) -> Decision:
+    fact, ikey = probe.fact, probe.key_text
+    assert fact.key is not None
+    slot = (fact.namespace, fact.key)
+    current = batch.keyed.get(slot)
+    if current is None:
+        mem = active_by_key(fact.namespace, fact.key)
+        if mem is not None and mem.id not in batch.gone:
+            current = (mem.id, mem.text)
+    if current is None:
+        batch.keyed[slot] = (new_id, fact.text)
+        return Decision(
+            "add", fact, None, (), policy.name, "keyed_new", inferred_key=ikey, memory_id=new_id
+        )
+    cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, "same_key"),)
+    if _same_text(current[1], fact.text):
+        return Decision(
+            "skip", fact, current[0], cand, policy.name, "keyed_same", inferred_key=ikey
+        )
+    batch.keyed[slot] = (new_id, fact.text)
+    return Decision(
+        "replace", fact, current[0], cand, policy.name, "keyed", inferred_key=ikey, memory_id=new_id
+    )

@@ -1,0 +1,54 @@
+"""What the gate needs from its collaborators, as protocols (the gate imports no concrete one).
+
+``Store`` is the store's own protocol (:mod:`engine.store.base`); ``Index`` is the part of
+:class:`engine.index.manager.IndexManager` the gate calls; ``Embedder`` and ``NLI`` are the parts
+of the ONNX runtimes it calls. :mod:`engine.runtime.fake` has deterministic fakes of the two
+models for unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from engine.store.base import Store
+
+__all__ = ["NLI", "Embedder", "Index", "Store"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Texts -> L2-normalised float32 vectors ``[n, dim]``."""
+
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class NLI(Protocol):
+    """(premise, hypothesis) pairs -> probabilities ``[n, labels]``.
+
+    ``contradiction_index`` is always set; ``entailment_index`` is None for a two-label
+    contradiction classifier (no entailment label to read).
+    """
+
+    contradiction_index: int
+    entailment_index: int | None
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Index(Protocol):
+    """Per-namespace vector search keyed by the store's rowids."""
+
+    def search(self, namespace: str, vecs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores float32 [q, k], rowids int64 [q, k])``; a missing hit has rowid -1."""
+        ...
+
+    def add(self, namespace: str, rowids: Sequence[int] | np.ndarray, vecs: np.ndarray) -> int: ...
+
+    def remove(self, namespace: str, rowids: Sequence[int] | np.ndarray) -> int: ...

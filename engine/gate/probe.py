@@ -1,0 +1,91 @@
+"""The per-fact record that the gate's steps fill in, one field group per step.
+
+``plan`` sets what to check and how (normalised text, extra recall queries); ``embed`` the
+vectors; ``recall`` the hits (stored neighbours and earlier facts of the batch); ``relate`` each
+hit's attribute relation and which hits the model must score; ``score`` the model's
+probabilities; ``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`;
+``decide`` sets the decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.gate.keys import AttributeKey, Relation
+from engine.gate.normalize import Normalized
+from engine.types import Decision, Fact
+
+__all__ = ["Hit", "Probe", "Ref"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """A memory the gate can compare against: stored (``rowid`` set) or earlier in this batch
+    (``memory_id`` is ``@<index>``, resolved to the id that fact got when it is decided)."""
+
+    memory_id: str
+    text: str
+    key: str | None
+    inferred_key: str | None
+    rowid: int | None = None
+
+    @property
+    def in_batch(self) -> bool:
+        return self.memory_id.startswith("@")
+
+
+@dataclass(slots=True)
+class Hit:
+    """One candidate of one fact, and what the steps measured about it."""
+
+    ref: Ref
+    similarity: float
+    rank: int = 0
+    """Position among the fact's candidates, most similar first."""
+    relation: Relation | None = None
+    """Attribute relation (``relate``); None below the lowest floor or with keys off."""
+    forward: bool = False
+    """``relate``: the model scores (memory -> fact)."""
+    reverse: bool = False
+    """``relate`` / ``score``: the model scores (fact -> memory) too."""
+    contradiction: float | None = None
+    entailment: float | None = None
+    reverse_contradiction: float | None = None
+    reverse_entailment: float | None = None
+
+
+@dataclass(slots=True)
+class Probe:
+    """Everything the gate knows about one incoming fact."""
+
+    index: int
+    fact: Fact
+    checked: bool
+    """A free-text, non-episodic fact without an explicit key: compared against memories."""
+    norm: Normalized | None = None
+    """The normalised (current-state) form, when normalisation is on."""
+    queries: list[str] = field(default_factory=list)
+    """Extra recall texts: the current-state rewrite of an event, the old state it ends."""
+    key: AttributeKey | None = None
+    """The attribute key inferred from the text (None for episodic facts)."""
+    vector: np.ndarray | None = None
+    extra: list[np.ndarray] = field(default_factory=list)
+    """Vectors of ``queries``, in order."""
+    hits: list[Hit] = field(default_factory=list)
+    decision: Decision | None = None
+
+    @property
+    def nli_text(self) -> str:
+        """The fact as the NLI hypothesis: its normalised form when there is one."""
+        return self.norm.hypothesis if self.norm is not None else self.fact.text
+
+    @property
+    def hypothesis(self) -> str | None:
+        """The rewrite reported with the decision, when normalisation changed the fact."""
+        return self.norm.hypothesis if self.norm is not None and self.norm.rule else None
+
+    @property
+    def key_text(self) -> str | None:
+        return None if self.key is None else str(self.key)

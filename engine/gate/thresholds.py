@@ -1,0 +1,42 @@
+"""Contradiction thresholds that belong to one NLI model, kept with that model's name.
+
+A probability bar means something only for the model that produced it: the offline two-label
+``aegis-nli`` is over-confident (many compatible pairs above 0.9), a three-label cross-encoder
+is not. A named policy ("strict", "review", ...) takes the bars of the model that scores the
+pairs when this table has them, and the :class:`~engine.gate.policy.Policy` defaults otherwise.
+A :class:`Policy` object passed as such, and per-request overrides, always win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from engine.gate.policy import Policy
+
+__all__ = ["MODEL_THRESHOLDS", "ModelThresholds", "for_model"]
+
+
+@dataclass(frozen=True)
+class ModelThresholds:
+    contradiction: float
+    """Contradiction a candidate must exceed (no attribute match)."""
+    key_match_contradiction: float
+    """The bar for a candidate whose attribute matches the fact's."""
+    reverse_contradiction: float
+    """The bar of the reverse direction (fact as premise)."""
+    duplicate_max_contradiction: float
+    """Above this, a near-identical candidate is an update, not a duplicate."""
+
+
+MODEL_THRESHOLDS: dict[str, ModelThresholds] = {
+    # Chosen on dev + heldout with this model (the figures the seed's policy was tuned with).
+    "aegis-nli": ModelThresholds(0.95, 0.80, 0.90, 0.50),
+}
+"""NLI artefact name (its manifest's ``name``) -> its thresholds. A model not listed runs with
+the policy defaults: calibrate it on labelled cases before trusting them."""
+
+
+def for_model(policy: Policy, model: str | None) -> Policy:
+    """``policy`` with ``model``'s thresholds, when the table has them."""
+    found = MODEL_THRESHOLDS.get(model or "")
+    return policy if found is None else replace(policy, **asdict(found))

@@ -1,0 +1,112 @@
+"""Claims: value canonicalisation (pure), and parsing/comparison over spaCy's small English
+pipeline (a library model package, no ONNX model: the unit tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.gate.claims import claim, partial, restates, values
+from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("$1,240,000", "1.24 million dollars"),
+        ("USD 1,200", "twelve hundred dollars"),
+        ("€34 a month", "34 euros a month"),
+        ("31/08/2026", "August 31, 2026"),
+        ("12 Nov", "12th of November"),
+        ("2026-08-31", "31 Aug 2026"),
+        ("twelve kilometres", "12 km"),
+        ("25mg", "25 milligrams"),
+        ("twenty-five percent", "25%"),
+        ("8pm", "20:00"),
+        ("MSKU 448120-3", "MSKU4481203"),
+        ("06 12 44 80 19", "0612448019"),
+        ("us-east-1", "US-EAST-1"),
+    ],
+)
+def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None:
+    assert values(a) and values(a) == values(b)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("$1,240,000", "£1,240,000"),
+        ("12 km", "12 miles"),
+        ("31/08/2026", "30 August 2026"),
+        ("17:20", "16:40"),
+        ("INV-22913", "INV-22914"),
+        ("three nodes", "five nodes"),
+    ],
+)
+def test_different_values_differ(a: str, b: str) -> None:
+    assert values(a) != values(b)
+
+
+def test_a_date_that_reads_both_ways_has_both_readings() -> None:
+    assert {"date:06-05", "date:05-06"} <= values("05/06/2026")
+
+
+def test_words_that_are_not_values_yield_nothing() -> None:
+    assert values("Maya may call on Monday about the new plan.") == frozenset()
+
+
+def test_vocabulary_tables_are_consistent() -> None:
+    assert NUMBER_WORDS["twelve"] == 12 and NUMBER_WORDS["ninety"] == 90
+    assert UNITS["kilometres"] == UNITS["km"] == "km"
+    assert CURRENCIES["$"] == CURRENCIES["dollars"] == "usd"
+
+
+def test_claim_reads_subject_negation_and_coordinated_parts() -> None:
+    c = claim("Kaito lives in Sendai and works as a civil engineer for Tohoku Rail.")
+    assert "kaito" in c.subject and c.predicates == ("live", "work") and len(c.parts) == 2
+    assert not c.negated
+    assert claim("beatriz doesnt like polyester").negated
+    assert claim("Never use exclamation marks.").negated
+
+
+def test_a_restatement_in_another_format_is_recognised() -> None:
+    assert restates(
+        claim("Lorenzo's commute is 12 km each way."),
+        claim("Lorenzo's commute is twelve kilometres each way."),
+        0.0,
+    )
+    assert restates(
+        claim("Parisa's lease ends on 31/08/2026."),
+        claim("Parisa's lease runs until August 31, 2026."),
+        0.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact"),
+    [
+        # a qualifier or name in place of another, with the same number: a change
+        (
+            "Patient's insurance is Pennant Mutual Bronze, member #SHS-220871.",
+            "Patient's insurance is Pennant Mutual Gold, member #SHS-220871.",
+        ),
+        (
+            "Walter takes 25 mg of carvedilol in the morning.",
+            "Walter's evening carvedilol went up to 25 mg.",
+        ),
+        # another value, another polarity, another subject
+        ("Lorenzo's commute is 12 km each way.", "Lorenzo's commute is 14 km each way."),
+        ("The gym is open on 24 December.", "The gym is not open on 24 December."),
+        ("Priya's rent is $1,200.", "Tomasz's rent is $1,200."),
+        # no values at all: the NLI model and lexical containment decide, not this rule
+        ("Cyrus is teetotal.", "Cyrus doesn't drink alcohol."),
+    ],
+)
+def test_what_is_not_a_restatement(memory: str, fact: str) -> None:
+    assert not restates(claim(memory), claim(fact), 0.0)
+
+
+def test_partial_address_of_a_multi_claim_memory() -> None:
+    memory = claim("Kaito lives in Sendai and works as a civil engineer for Tohoku Rail.")
+    assert partial(memory, claim("Kaito now works for Sendai City's roads department."))
+    assert not partial(memory, claim("Kaito lives in Osaka and works for JR West."))
+    assert not partial(claim("Kaito lives in Sendai."), claim("Kaito lives in Osaka."))

@@ -1,0 +1,198 @@
+"""The gate's steps and its orchestration, over the deterministic fake models.
+
+Real SQLite store and real FAISS index on tmp_path; only the two models are fakes, so every score
+below is one the test wrote into the fake NLI's table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.gate.embed import embed
+from engine.gate.gate import Gate
+from engine.gate.plan import plan
+from engine.gate.policy import STRICT, Policy
+from engine.gate.ports import NLI, Embedder, Index, Store
+from engine.gate.probe import Hit, Probe, Ref
+from engine.gate.relate import relate
+from engine.gate.score import score
+from engine.index import IndexManager
+from engine.runtime.fake import FakeEmbedder, FakeNLI
+from engine.store import SQLiteStore
+from engine.types import Fact
+
+NS = "acme/customer-1"
+OFFICE = "The customer's office is in Denver."
+MOVED = "The customer's office is in Chicago."
+CONFLICT = {"contradiction": 0.99, "entailment": 0.0}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "memgate.db")
+    yield s
+    s.close()
+
+
+def make_gate(store: SQLiteStore, nli: FakeNLI) -> Gate[SQLiteStore, IndexManager]:
+    return Gate(store, IndexManager(store.iter_active_embeddings), FakeEmbedder(), nli)
+
+
+def test_collaborators_satisfy_the_ports(store: SQLiteStore) -> None:
+    assert isinstance(FakeEmbedder(), Embedder)
+    assert isinstance(FakeNLI(), NLI)
+    assert isinstance(store, Store)
+    assert isinstance(IndexManager(store.iter_active_embeddings), Index)
+
+
+def test_fake_embedder_is_deterministic_and_normalised() -> None:
+    a, b = FakeEmbedder().embed([OFFICE, OFFICE]), FakeEmbedder().embed([OFFICE])
+    assert np.array_equal(a[0], b[0]) and abs(float(a[0] @ a[1]) - 1.0) < 1e-6
+    far = FakeEmbedder().embed(["Quarterly tax filing"])[0]
+    assert float(a[0] @ far) < 0.5
+
+
+def test_fake_nli_label_orders() -> None:
+    three = FakeNLI(
+        {("p", "h"): {"contradiction": 0.9}}, labels=("entailment", "neutral", "contradiction")
+    )
+    assert three.entailment_index == 0 and three.contradiction_index == 2
+    got = three.score([("p", "h"), ("x", "y")])
+    assert np.allclose(got, [[0.0, 0.1, 0.9], [0.0, 1.0, 0.0]])
+    two = FakeNLI(labels=("not_contradiction", "contradiction"))
+    assert two.entailment_index is None and two.score([("a", "b")]).tolist() == [[1.0, 0.0]]
+
+
+def test_plan_checks_only_free_text_semantic_facts() -> None:
+    probes = plan(
+        [
+            Fact(NS, "Met the customer today.", kind="episodic"),
+            Fact(NS, "Plan: Pro", key="plan"),
+            Fact(NS, "Maya moved to Porto."),
+        ],
+        STRICT,
+    )
+    assert [p.checked for p in probes] == [False, False, True]
+    assert probes[0].key is None and probes[1].key is not None
+    event = probes[2]
+    assert event.norm is not None and event.norm.rule and event.queries
+    assert event.nli_text == event.norm.hypothesis == event.hypothesis
+
+
+def test_embed_makes_one_call_for_facts_and_queries() -> None:
+    probes = plan([Fact(NS, OFFICE), Fact(NS, "Maya moved to Porto.")], STRICT)
+    embedder = FakeEmbedder()
+    vectors = embed(probes, embedder)
+    assert len(embedder.calls) == 1
+    assert embedder.calls[0][:2] == [OFFICE, "Maya moved to Porto."]
+    assert vectors.shape == (2, embedder.dim)
+    assert len(probes[1].extra) == len(probes[1].queries) >= 1
+
+
+def _probe(text: str, *memories: tuple[str, float]) -> Probe:
+    probe = plan([Fact(NS, text)], STRICT)[0]
+    probe.hits = [Hit(Ref(f"m{n}", t, None, None, n), s, n) for n, (t, s) in enumerate(memories)]
+    return probe
+
+
+def test_relate_never_asks_the_model_about_a_sibling() -> None:
+    probe = _probe(
+        "The return flight now leaves at 18:05.",
+        ("The outbound flight leaves at 07:10.", 0.9),
+        ("The return flight leaves at 17:00.", 0.8),
+        ("The hotel is near the station.", 0.3),
+    )
+    relate([probe], STRICT, has_entailment=True)
+    sibling, same, far = probe.hits
+    assert sibling.relation is not None and sibling.relation.key_conflict
+    assert not sibling.forward and same.forward and not far.forward
+    assert far.relation is None  # below every floor: not even related
+
+
+def test_score_verifies_a_forward_conflict_the_other_way() -> None:
+    probe = _probe(MOVED, (OFFICE, 0.8), ("The customer prefers email.", 0.7))
+    relate([probe], STRICT, has_entailment=True)
+    nli = FakeNLI({(OFFICE, MOVED): CONFLICT, (MOVED, OFFICE): {"contradiction": 0.4}})
+    pairs = score([probe], nli, STRICT)
+    conflict, other = probe.hits
+    assert pairs == 3 and nli.calls[-1] == (MOVED, OFFICE)
+    assert conflict.contradiction == pytest.approx(0.99)
+    assert conflict.reverse_contradiction == pytest.approx(0.4)
+    assert other.contradiction == 0.0 and other.reverse_contradiction is None
+    fresh = _probe(MOVED, (OFFICE, 0.8), ("The customer prefers email.", 0.7))
+    relate([fresh], STRICT, has_entailment=True)
+    off = score([fresh], FakeNLI({(OFFICE, MOVED): CONFLICT}), Policy(verify_reverse=False))
+    assert off == 2 and fresh.hits[0].reverse_contradiction is None
+
+
+def test_conflict_replaces_and_reports_rule_and_candidates(store: SQLiteStore) -> None:
+    nli = FakeNLI({(OFFICE, MOVED): CONFLICT, (MOVED, OFFICE): CONFLICT})
+    gate = make_gate(store, nli)
+    (old,) = gate.ingest([Fact(NS, OFFICE)])
+    d = gate.triage([Fact(NS, MOVED)], "strict", apply=True).decisions[0]
+    assert (d.action, d.target_id) == ("replace", old.memory_id)
+    assert d.rule in ("key_match", "contradiction")
+    best = d.candidates[0]
+    assert best.memory_id == old.memory_id and best.passed
+    assert best.contradiction == pytest.approx(0.99)
+    stored = gate.get(NS, old.memory_id or "")
+    assert stored is not None and stored.status == "superseded"
+
+
+def test_no_conflict_adds(store: SQLiteStore) -> None:
+    gate = make_gate(store, FakeNLI())
+    gate.ingest([Fact(NS, OFFICE)])
+    d = gate.triage([Fact(NS, "The customer's office has a rooftop garden.")]).decisions[0]
+    assert d.action == "add" and d.target_id is None
+    assert all(not c.passed for c in d.candidates)
+
+
+def test_later_fact_of_a_batch_sees_the_earlier_one(store: SQLiteStore) -> None:
+    later = "The customer's office is in Boston."
+    nli = FakeNLI({(MOVED, later): CONFLICT, (later, MOVED): CONFLICT})
+    gate = make_gate(store, nli)
+    first, second = gate.triage([Fact(NS, MOVED), Fact(NS, later)], apply=True).decisions
+    assert first.action == "add"
+    assert (second.action, second.target_id) == ("replace", first.memory_id)
+    assert [m.text for m in gate.history(NS, second.memory_id or "")] == [MOVED, later]
+
+
+def test_keyed_facts_bypass_the_models(store: SQLiteStore) -> None:
+    nli = FakeNLI()
+    gate = make_gate(store, nli)
+    a, b, c = gate.triage(
+        [Fact(NS, "Pro", key="plan"), Fact(NS, "pro ", key="plan"), Fact(NS, "Team", key="plan")],
+        apply=True,
+    ).decisions
+    assert [(d.action, d.rule) for d in (a, b, c)] == [
+        ("add", "keyed_new"),
+        ("skip", "keyed_same"),
+        ("replace", "keyed"),
+    ]
+    assert c.target_id == a.memory_id and nli.calls == []
+
+
+def test_replay_returns_the_first_result(store: SQLiteStore) -> None:
+    gate = make_gate(store, FakeNLI())
+    fact = Fact(NS, OFFICE, idempotency_key="k1")
+    first = gate.triage([fact], apply=True).decisions[0]
+    again = gate.triage([fact], apply=True).decisions[0]
+    assert again.replayed and again.memory_id == first.memory_id
+    assert store.count_active(NS) == 1
+
+
+def test_named_policies_take_the_scoring_models_thresholds() -> None:
+    from engine.gate.thresholds import MODEL_THRESHOLDS, ModelThresholds, for_model
+
+    assert for_model(STRICT, None) is STRICT and for_model(STRICT, "unknown-model") is STRICT
+    MODEL_THRESHOLDS["test-nli"] = ModelThresholds(0.7, 0.6, 0.65, 0.4)
+    try:
+        tuned = for_model(STRICT, "test-nli")
+        assert (tuned.contradiction, tuned.key_match_contradiction) == (0.7, 0.6)
+        assert tuned.floor == STRICT.floor and tuned.name == "strict"
+    finally:
+        del MODEL_THRESHOLDS["test-nli"]
