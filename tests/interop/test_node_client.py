@@ -126,15 +126,6 @@ def test_sigterm_ends_both_calls_and_the_server_exits(cut: dict[str, Any]) -> No
     assert cut["exit_code"] == 0
 
 
-SHUTDOWN = (
-    "graceful shutdown semantics (UNAVAILABLE at the end of --grace, never INTERNAL; the index "
-    "of the last committed fact in the message) are the shutdown rewrite of issue 13, deliver "
-    "3, done by the engine-core helper on its own branch; this branch's server still lets "
-    "grpc cut the stream (INTERNAL, RST_STREAM) when the grace ends"
-)
-
-
-@pytest.mark.xfail(strict=False, reason=SHUTDOWN)
 def test_sigterm_ends_the_stream_and_watch_with_unavailable(cut: dict[str, Any]) -> None:
     """Per the issue's contract: a stream cut by SIGTERM ends with UNAVAILABLE (retryable),
     never INTERNAL or UNKNOWN, and so does Health.Watch."""
@@ -143,7 +134,6 @@ def test_sigterm_ends_the_stream_and_watch_with_unavailable(cut: dict[str, Any])
     assert ends["watch"]["code"] == "UNAVAILABLE", ends["watch"]
 
 
-@pytest.mark.xfail(strict=False, reason=SHUTDOWN)
 def test_sigterm_message_names_the_last_committed_fact(cut: dict[str, Any]) -> None:
     """The stream's UNAVAILABLE message gives the index of the last committed fact, and every
     decision up to it was delivered: a client resuming after it loses and duplicates nothing."""
