@@ -211,8 +211,9 @@ def test_idempotent_retries_under_injected_unavailable(
     errors: list[str] = []
     lock = threading.Lock()
     started = time.perf_counter()
-    # A fixed admission bound (no queue-delay budget): this test is about retries, not shedding.
-    with running(gate, max_queue_delay_s=None) as st:
+    # A fixed admission bound (no queue-delay budget, no deadline door: a "mid" fault gives an
+    # attempt a 0.1 s deadline, which the door would shed): this test is about retries.
+    with running(gate, max_queue_delay_s=None, admit_by_deadline=False) as st:
         client = MemgateClient(st.target, timeout=120, interceptors=[injector])
 
         def writer(w: int) -> None:
