@@ -310,7 +310,7 @@ class SQLiteStore:
         s = self._settings
         try:
             conn = self._conn
-            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            self._enter_wal()
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(s.busy_timeout_ms)}")
@@ -320,6 +320,25 @@ class SQLiteStore:
                 conn.execute(f"PRAGMA max_page_count={max(1, s.max_db_bytes // page)}")
         except sqlite3.Error as exc:
             raise _translate(exc, "configuring the store") from exc
+
+    def _enter_wal(self) -> None:
+        """``PRAGMA journal_mode=WAL``, waiting out other openers up to ``busy_timeout_ms``.
+
+        Switching a new file to WAL needs an exclusive lock, and when two processes open
+        the same new file at once SQLite answers the loser ``SQLITE_BUSY`` at once, without
+        calling the busy handler (waiting could deadlock). Ray actors opening one store
+        together hit this; the switch is retried here with backoff instead."""
+        deadline = time.monotonic() + self._settings.busy_timeout_ms / 1000
+        pause = 0.005
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                return
+            except sqlite3.Error as exc:
+                if not _is_busy(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
 
     def _migrate(self) -> None:
         with self._transaction("creating the schema") as conn:
