@@ -46,7 +46,7 @@ import asyncio
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -116,7 +116,8 @@ class Invalidation:
     outcome: Outcome
     reason: str
     """Why: the gate's rule when kept or review, else this fact's reason (``low_contradiction``,
-    ``below_floor``, ``dominated_by:idx:0``, ``lost_to:idx:2`` ...)."""
+    ``below_floor``, ``dominated_by:idx:0``, ``lost_to:idx:2`` (it passed, a closer fact won),
+    ``not_reached:duplicate`` (the gate decided before reaching it) ...)."""
     similarity: float | None
     """Cosine similarity of the two facts (MiniLM); None when the gate did not reach the fact."""
     contradiction: float | None
@@ -207,6 +208,7 @@ class GatedLLMClient(LLMClient):
         self._policy = for_model(policy_by_name(self.settings.policy), _model_name(nli))
         self._policy = self._policy.with_overrides(dict(self.settings.overrides))
         self._lock = threading.Lock()
+        self._judging = threading.Lock()
 
     # -- LLMClient -------------------------------------------------------------------------
     def set_tracer(self, tracer: Tracer) -> None:
@@ -240,7 +242,7 @@ class GatedLLMClient(LLMClient):
         )
         if listing is None:
             return response
-        return await self.recheck(listing, response)
+        return await self._recheck(listing, response)
 
     async def _generate_response(
         self,
@@ -259,26 +261,31 @@ class GatedLLMClient(LLMClient):
         return out
 
     # -- the check -------------------------------------------------------------------------
-    async def recheck(self, listing: _Listing, response: Mapping[str, Any]) -> dict[str, Any]:
+    def _judge(self, listing: _Listing) -> Decision:
+        # One check at a time: Graphiti resolves edges concurrently, and the models' own
+        # thread pools already use the cores (a second busy pool halves throughput).
+        idxs = sorted(listing.facts)
+        with self._judging:
+            return judge(
+                listing.new_fact,
+                [listing.facts[i] for i in idxs],
+                self.embedder,
+                self.nli,
+                self._policy,
+                self.gate_settings,
+                ids=[f"idx:{i}" for i in idxs],
+            )
+
+    async def _recheck(self, listing: _Listing, response: Any) -> Any:
         """``response`` with only the contradictions the gate accepts (see the module)."""
         try:
             parsed = EdgeDuplicate(**response)
         except (TypeError, ValidationError):
-            return dict(response)  # malformed: Graphiti raises its own error on it
+            return response  # malformed: Graphiti raises its own error on it
         listed = [i for i in dict.fromkeys(parsed.contradicted_facts) if i in listing.facts]
         if not listed:
-            return dict(response)  # nothing to check (out-of-range idx: Graphiti ignores them)
-        idxs = sorted(listing.facts)
-        decision = await asyncio.to_thread(
-            judge,
-            listing.new_fact,
-            [listing.facts[i] for i in idxs],
-            self.embedder,
-            self.nli,
-            self._policy,
-            self.gate_settings,
-            ids=[f"idx:{i}" for i in idxs],
-        )
+            return response  # nothing to check (out-of-range idx: Graphiti ignores them)
+        decision = await asyncio.to_thread(self._judge, listing)
         records = [_record(i, listing, decision) for i in listed]
         kept = {r.idx for r in records if r.outcome == "kept"}
         with self._lock:
@@ -341,10 +348,12 @@ def _record(idx: int, listing: _Listing, d: Decision) -> Invalidation:
         reason = d.rule
     elif cand is None:
         outcome, reason = "dropped", "not_recalled"
+    elif cand.reason in ("contradiction", "key_match") and d.target_id is not None:
+        outcome, reason = "dropped", f"lost_to:{d.target_id}"  # passed, another is closer
+    elif cand.reason == "not_reached":
+        outcome, reason = "dropped", f"not_reached:{d.rule}"  # decided before it (duplicate...)
     else:
-        outcome = "dropped"
-        lost = cand.passed and d.target_id is not None
-        reason = f"lost_to:{d.target_id}" if lost else cand.reason or d.rule
+        outcome, reason = "dropped", cand.reason
     return Invalidation(
         idx=idx,
         existing_fact=listing.facts[idx],

@@ -41,6 +41,7 @@ from engine.adapters.graphiti import (  # noqa: E402
 ALPHA = "The office wifi password is alpha."
 BETA = "The office wifi password is beta."
 DOOR = "The office has a red door."
+GAMMA = "The office wifi password is gamma."
 BOTH_WAYS = {"contradiction": 0.99}
 T0, T1 = datetime(2025, 1, 1, tzinfo=UTC), datetime(2025, 6, 1, tzinfo=UTC)
 
@@ -53,7 +54,7 @@ def fake_gate(tmp_path: Path) -> Iterator[Any]:
     from engine.index import IndexManager
     from engine.store import SQLiteStore
 
-    table = {(a, b): BOTH_WAYS for a in (ALPHA, DOOR) for b in (BETA,)}
+    table = {(a, BETA): BOTH_WAYS for a in (ALPHA, DOOR, GAMMA)}
     table |= {(b, a): BOTH_WAYS for a, b in table}
     store = SQLiteStore(tmp_path / "memgate.db")
     yield Gate(store, IndexManager(store.iter_active_embeddings), FakeEmbedder(), FakeNLI(table))
@@ -151,6 +152,17 @@ def test_review_policy_invalidates_nothing_and_reports_it(fake_gate: Any) -> Non
         (ALPHA, "review"),
         (DOOR, "dropped"),
     ]
+
+
+def test_two_equally_close_contradictions_invalidate_neither(fake_gate: Any) -> None:
+    """Strict replaces one fact, the single closest: a tie is ambiguous and goes to review."""
+    llm = GatedLLMClient(_script(all_listed), fake_gate)
+    assert _resolve(llm, [], [ALPHA, GAMMA, DOOR]) == []
+    got = {r.existing_fact: (r.outcome, r.reason) for r in llm.decisions}
+    target = next(r for r in llm.decisions if r.outcome == "review")
+    other = GAMMA if target.existing_fact == ALPHA else ALPHA
+    assert target.reason == "ambiguous_target"
+    assert got[other] == ("dropped", "ambiguous") and got[DOOR] == ("dropped", "below_floor")
 
 
 def test_no_contradiction_costs_no_model_call(fake_gate: Any) -> None:
