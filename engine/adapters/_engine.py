@@ -165,3 +165,19 @@ def open_local(data_dir: str | Path, *, cache_dir: str | Path | None = None) -> 
         cache_dir = os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate"
     opened = open_engine(EngineSettings(data_dir=Path(data_dir), cache_dir=Path(cache_dir)))
     return LocalEngine(opened.gate, owner=opened)
+
+
+def load_local_models(cache_dir: str | Path | None = None) -> tuple[Any, Any]:
+    """The default embedder and NLI model of ``cache_dir`` (default: ``$MEMGATE_HOME``, else
+    ``~/.cache/memgate``), loaded and warmed up, for an adapter that scores without a store."""
+    from engine.runtime.loader import load_models
+
+    if cache_dir is None:
+        cache_dir = os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate"
+    embedder, nli = load_models(Path(cache_dir))
+    embedder.warmup()
+    nli.warmup()
+    return embedder, nli
+
+
+__all__ += ["load_local_models"]  # added apart, so the list above merges unchanged
