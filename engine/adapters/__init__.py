@@ -8,9 +8,9 @@
   re-checks the contradictions of Graphiti's edge resolution with the gate before Graphiti
   invalidates them. Extra: ``pip install 'memgate[graphiti]'``. It judges in-process only.
 
-LangGraph and Mem0 talk to memgate through :class:`engine.adapters._engine.GateEngine`: an in-process engine
-or a ``MemgateClient`` for a remote ``memgate serve``. Importing this package imports no
-framework.
+LangGraph and Mem0 talk to memgate through :class:`engine.adapters._engine.GateEngine`: an
+in-process engine or a ``MemgateClient`` for a remote ``memgate serve``. Importing this package
+imports no framework.
 """
 
 from engine.adapters._engine import GateEngine, LocalEngine, RemoteEngine, as_gate_engine
