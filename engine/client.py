@@ -156,11 +156,11 @@ class MemgateClient:
     with a fact lacking a key is never retried on UNAVAILABLE (it may have committed), nor is
     Forget, Undo or ResolveReview. ``write_attempts``: an optional cap on attempts as well
     (None: time only). ``min_attempt_s``: a retry is sent only while at least this many seconds
-    of its deadline are left after its pause. With less, the call fails at once: with
-    ``DeadlineExceeded`` naming the attempts made and the last failure when the call's deadline
-    is what is running out, with the last failure when the retry window is. A shorter attempt would
-    only expire on the way, or be refused by the server's deadline door as if the server were
-    overloaded. It bounds retries only: the first attempt always goes out.
+    of its deadline are left after its pause. With less, the call fails at once with the last
+    failure (its class and status: a draining server still reads UNAVAILABLE), its message
+    naming the attempts made. A shorter attempt would only expire on the way, or be refused by
+    the server's deadline door as if the server were overloaded (RESOURCE_EXHAUSTED). It bounds
+    retries only: the first attempt always goes out.
     ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped around the channel
     (tracing, fault injection in tests). ``clock`` and ``sleep``: the monotonic clock and the
     pause between retries (tests pass fakes).
@@ -274,25 +274,26 @@ class MemgateClient:
                     raise exc from None
                 pause = random.uniform(0, backoff)
                 left = retry_until - (self._clock() + pause)
-                if left < self._min_attempt_s or left <= 0:
-                    if deadline is not None and retry_until == deadline:
-                        raise self._out_of_time(attempt, max(0.0, left), exc) from None
-                    raise exc from None  # the retry window (retry_s) is over
+                if left <= 0:
+                    raise exc from None
+                if left < self._min_attempt_s:
+                    raise self._out_of_time(attempt, left, exc) from None
                 self._sleep(pause)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             return response, _call_id(call)
 
     def _out_of_time(self, attempts: int, left: float, last: MemgateError) -> MemgateError:
-        """The call's deadline leaves too little for another attempt (``min_attempt_s``)."""
-        code = getattr(last, "code", "UNKNOWN")
+        """Too little time is left for another attempt (``min_attempt_s``): the last failure,
+        its class and status kept (a draining server still reads UNAVAILABLE), saying so."""
+        plural = "s" if attempts > 1 else ""
         return _tagged(
-            DeadlineExceeded(
-                f"gave up after {attempts} attempt{'s' if attempts > 1 else ''}: the deadline "
-                f"leaves {left:.2f} s, under the {self._min_attempt_s:g} s a retry needs "
-                f"(min_attempt_s); the last attempt failed with {code}: {last}"
+            type(last)(
+                f"{last} (gave up after {attempts} attempt{plural}: {left:.2f} s of the "
+                f"deadline left, under the {self._min_attempt_s:g} s a retry needs, "
+                "min_attempt_s)"
             ),
-            "DEADLINE_EXCEEDED",
+            getattr(last, "code", "UNKNOWN"),
             getattr(last, "request_id", ""),
         )
 
