@@ -44,6 +44,7 @@ from engine.backfill.readers import (
 from engine.backfill.rows import FieldMap, Row, to_row
 from engine.errors import InvalidInput
 from engine.gate.gate import GateSettings
+from engine.gate.policy import POLICY_NAMES
 from engine.types import Decision, Fact
 
 __all__ = [
@@ -69,7 +70,7 @@ class BackfillSettings:
     """How a job reads and decides. Every field is range-checked."""
 
     policy: str = "strict"
-    """``strict`` or ``review``."""
+    """A policy name (``engine.gate.policy.POLICY_NAMES``: strict, review, review-uncertain)."""
     dry_run: bool = False
     """Decide only: nothing is stored, no checkpoint is kept (each batch is decided against the
     store as it was, not against earlier batches of the file)."""
@@ -90,8 +91,9 @@ class BackfillSettings:
     """Text and metadata limits rows are validated against (the gate's)."""
 
     def __post_init__(self) -> None:
-        if self.policy not in ("strict", "review"):
-            raise InvalidInput(f"policy must be strict or review, got {self.policy!r}")
+        if self.policy not in POLICY_NAMES:
+            choices = ", ".join(POLICY_NAMES)
+            raise InvalidInput(f"policy must be one of {choices}, got {self.policy!r}")
         if not 1 <= self.batch <= _MAX_BATCH:
             raise InvalidInput(f"batch must be in [1, {_MAX_BATCH}], got {self.batch}")
         if not 0.0 <= self.sync_every_s <= 3600.0:
