@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -48,6 +48,7 @@ __all__ = [
     "dump_json",
     "fmt",
     "git_info",
+    "interleaved",
     "machine",
     "manifest_summary",
     "pyplot",
@@ -56,6 +57,7 @@ __all__ = [
     "others_cpu",
     "rss_mb",
     "run_header",
+    "save_results",
     "shared_machine_note",
     "table",
     "timed",
@@ -268,6 +270,37 @@ def write_json(out_dir: Path, name: str, payload: dict[str, Any], stamp: str | N
     return path
 
 
+def save_results(
+    out_dir: Path,
+    name: str,
+    result: dict[str, Any],
+    draw: Callable[[Any], Any] | None = None,
+    *,
+    dpi: int = 120,
+) -> Path:
+    """The end of a benchmark: print the shared-machine note (if any), save the figure
+    ``draw(pyplot)`` returns as ``<name>-<stamp>.png`` (recorded as ``result["plot"]``; none
+    without matplotlib), then the JSON ``<name>-<stamp>.json`` with the same stamp. Prints
+    both paths; returns the JSON's."""
+    note = shared_machine_note()
+    if note:
+        print(note)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = utc_stamp()
+    plt = pyplot() if draw is not None else None
+    if draw is not None and plt is not None:
+        fig = draw(plt)
+        png = out_dir / f"{name}-{stamp}.png"
+        fig.savefig(png, dpi=dpi)
+        plt.close(fig)
+        result["plot"] = str(png)
+        print(f"plot: {png}")
+    path = write_json(out_dir, name, result, stamp=stamp)
+    print(f"json: {path}")
+    return path
+
+
 def dump_json(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(".json.tmp")
@@ -443,6 +476,17 @@ class Peak:
             "start_rss_mb": round(self.start_mb, 1),
             "method": self.method,
         }
+
+
+T = TypeVar("T")
+
+
+def interleaved(arms: Sequence[T], rounds: int) -> Iterator[tuple[int, list[T]]]:
+    """``(round, arms in this round's order)``: every arm once per round, the order reversed
+    every other round (A B, B A, A B, ...), so a drift in the machine's load and any
+    first-or-second advantage hit every arm alike."""
+    for r in range(rounds):
+        yield r, list(arms) if r % 2 == 0 else list(reversed(arms))
 
 
 @contextmanager

@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     Corpus,
     add_common_args,
-    pyplot,
+    interleaved,
     run_header,
-    shared_machine_note,
+    save_results,
     table,
-    utc_stamp,
-    write_json,
 )
 
 NAME = "bench_adapters"
@@ -92,7 +91,12 @@ def _seed(gate: Any, store: Any, corpus: Corpus, n: int, rnd: int) -> tuple[list
 
 
 def _round(
-    gate: Any, store: Any, corpus: Corpus, args: argparse.Namespace, rnd: int
+    gate: Any,
+    store: Any,
+    corpus: Corpus,
+    args: argparse.Namespace,
+    rnd: int,
+    order: Sequence[str],
 ) -> dict[str, Any]:
     from langgraph.store.base import PutOp
 
@@ -123,17 +127,12 @@ def _round(
             actions += [d.action for d in store.decisions]
         return time.perf_counter() - t0, actions
 
-    first, second = (direct, through_store) if rnd % 2 == 0 else (through_store, direct)
-    a_s, a_actions = first()
-    b_s, b_actions = second()
-    (gate_s, gate_actions), (store_s, store_actions) = (
-        ((a_s, a_actions), (b_s, b_actions))
-        if first is direct
-        else ((b_s, b_actions), (a_s, a_actions))
-    )
+    arms = {"gate": direct, "store": through_store}
+    measured = {arm: arms[arm]() for arm in order}
+    (gate_s, gate_actions), (store_s, store_actions) = measured["gate"], measured["store"]
     return {
         "round": rnd,
-        "order": "gate first" if first is direct else "store first",
+        "order": f"{order[0]} first",
         "gate_s": gate_s,
         "store_s": store_s,
         "ratio": store_s / gate_s,
@@ -157,24 +156,22 @@ def _row(r: dict[str, Any]) -> list[Any]:
     ]
 
 
-def plot(path: Path, rows: list[dict[str, Any]], overhead: float, title: str) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [r["round"] for r in rows]
-    ax.bar([x - 0.2 for x in xs], [r["gate_s"] for r in rows], 0.4, label="gate.triage")
-    ax.bar([x + 0.2 for x in xs], [r["store_s"] for r in rows], 0.4, label="GatedStore.batch")
-    ax.set_xlabel("round")
-    ax.set_ylabel("seconds for the round's facts")
-    ax.set_title(f"adapter overhead (median) {overhead * 100:+.1f} %  (target <= 5 %)")
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+def _draw(rows: list[dict[str, Any]], overhead: float, title: str) -> Any:
+    def draw(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        xs = [r["round"] for r in rows]
+        ax.bar([x - 0.2 for x in xs], [r["gate_s"] for r in rows], 0.4, label="gate.triage")
+        ax.bar([x + 0.2 for x in xs], [r["store_s"] for r in rows], 0.4, label="GatedStore.batch")
+        ax.set_xlabel("round")
+        ax.set_ylabel("seconds for the round's facts")
+        ax.set_title(f"adapter overhead (median) {overhead * 100:+.1f} %  (target <= 5 %)")
+        ax.legend()
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        return fig
+
+    return draw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,12 +208,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         with open_engine(settings) as engine:
             store = GatedStore(InMemoryStore(), _TimedEngine(LocalEngine(engine.gate)))
-            _round(
-                engine.gate, store, corpus, argparse.Namespace(**{**vars(args), "facts": 10}), -1
-            )
+            warm = argparse.Namespace(**{**vars(args), "facts": 10})
+            _round(engine.gate, store, corpus, warm, -1, ["store", "gate"])
             rows = []
-            for r in range(args.rounds):
-                rows.append(_round(engine.gate, store, corpus, args, r))
+            for r, order in interleaved(["gate", "store"], args.rounds):
+                rows.append(_round(engine.gate, store, corpus, args, r, order))
                 print(
                     f"  round {r}: store/gate {rows[-1]['ratio']:.3f}, adapter's own "
                     f"{rows[-1]['adapter_share'] * 100:.2f} %",
@@ -239,9 +235,6 @@ def main(argv: list[str] | None = None) -> int:
         f"(target <= {TARGET * 100:.0f} %: {verdict}); the adapter's own time, measured "
         f"inside the store calls: {own * 100:.2f} % of the gate's"
     )
-    note = shared_machine_note()
-    if note:
-        print(note)
     result.update(
         {
             "rounds": rows,
@@ -252,14 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             "met": overhead <= TARGET,
         }
     )
-    stamp = utc_stamp()
-    out = Path(args.out)
-    path = write_json(out, NAME, result, stamp=stamp)
-    png = out / f"{NAME}-{stamp}.png"
     title = f"{m['cpu']}, {m['usable_cores']} cores; git {result['git']['sha'][:10]}"
-    if plot(png, rows, overhead, title):
-        print(f"plot: {png}")
-    print(f"json: {path}")
+    save_results(Path(args.out), NAME, result, _draw(rows, overhead, title))
     return 0
 
 

@@ -33,13 +33,11 @@ from _common import (
     ROOT,
     Corpus,
     add_common_args,
+    interleaved,
     manifest_summary,
-    pyplot,
     run_header,
-    shared_machine_note,
+    save_results,
     table,
-    utc_stamp,
-    write_json,
 )
 
 NAME = "bench_scale"
@@ -197,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             gate_pass(gates[name], [Fact(NS, "warm-up: the index loads here.")], 1)
         seconds: dict[str, float] = {"sqlite": 0.0, "postgres": 0.0}
         actions: dict[str, dict[str, int]] = {}
-        for p in range(args.passes):
+        for p, order in interleaved(["sqlite", "postgres"], args.passes):
             part = incoming[p * args.facts : (p + 1) * args.facts]
             facts = [Fact(i.namespace, i.text) for i in part]
-            for name in ("sqlite", "postgres") if p % 2 == 0 else ("postgres", "sqlite"):
+            for name in order:
                 s, acts = gate_pass(gates[name], facts, args.batch)
                 seconds[name] += s
                 for k, v in acts.items():
@@ -258,12 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             cluster.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    note = shared_machine_note()
-    if note:
-        print(note)
-    stamp = utc_stamp()
-    plt = pyplot()
-    if plt is not None:
+
+    def draw(plt: Any) -> Any:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
         ax1.bar(["SQLite", "PostgreSQL"], [fps["sqlite"], fps["postgres"]], color=["C0", "C1"])
         ax1.set_title(f"gate facts/s, N = {args.n:,} (ratio {ratio:.2f})")
@@ -280,11 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         ax2.set_title("store commits/s")
         ax2.legend(fontsize=8)
         fig.tight_layout()
-        png = Path(args.out) / f"{NAME}-{stamp}.png"
-        fig.savefig(png, dpi=110)
-        result["plot"] = str(png)
-    path = write_json(Path(args.out), NAME, result, stamp=stamp)
-    print(f"  written {path}")
+        return fig
+
+    save_results(Path(args.out), NAME, result, draw, dpi=110)
     return 0
 
 

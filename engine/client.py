@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,8 +155,15 @@ class MemgateClient:
     window too (its deadline is the window's end, or the call's when that comes first). A write
     with a fact lacking a key is never retried on UNAVAILABLE (it may have committed), nor is
     Forget, Undo or ResolveReview. ``write_attempts``: an optional cap on attempts as well
-    (None: time only). ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped
-    around the channel (tracing, fault injection in tests).
+    (None: time only). ``min_attempt_s``: a retry is sent only while at least this many seconds
+    of its deadline are left after its pause. With less, the call fails at once with the last
+    failure (its class and status: a draining server still reads UNAVAILABLE), its message
+    naming the attempts made. A shorter attempt would only expire on the way, or be refused by
+    the server's deadline door as if the server were overloaded (RESOURCE_EXHAUSTED). It bounds
+    retries only: the first attempt always goes out.
+    ``interceptors``: ``grpc.UnaryUnaryClientInterceptor`` objects wrapped around the channel
+    (tracing, fault injection in tests). ``clock`` and ``sleep``: the monotonic clock and the
+    pause between retries (tests pass fakes).
     """
 
     def __init__(
@@ -170,13 +177,18 @@ class MemgateClient:
         retry: bool = True,
         retry_s: float = 30.0,
         write_attempts: int | None = None,
+        min_attempt_s: float = 0.25,
         max_message_bytes: int = 16 << 20,
         interceptors: Sequence[Any] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if write_attempts is not None and not 1 <= write_attempts <= 10_000:
             raise InvalidInput(f"write_attempts must be in [1, 10000], got {write_attempts}")
         if not 0.0 <= retry_s <= 3600.0:
             raise InvalidInput(f"retry_s must be in [0, 3600] seconds, got {retry_s}")
+        if not 0.0 <= min_attempt_s <= 600.0:
+            raise InvalidInput(f"min_attempt_s must be in [0, 600] seconds, got {min_attempt_s}")
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -204,6 +216,8 @@ class MemgateClient:
         self._health_channel = channel or self._channel
         self._retry_s = retry_s if retry else 0.0
         self._max_attempts = write_attempts if retry else 1
+        self._min_attempt_s = min_attempt_s
+        self._clock, self._sleep = clock, sleep
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -225,7 +239,7 @@ class MemgateClient:
         """One call; when ``idempotent``, UNAVAILABLE is retried (see the class) until
         ``retry_s`` after the first attempt, within the call's deadline."""
         limit = self._timeout(timeout)
-        start = time.monotonic()
+        start = self._clock()
         deadline = None if limit is None else start + limit
         retry_until = start + (self._retry_s if idempotent else 0.0)
         if deadline is not None:
@@ -234,7 +248,7 @@ class MemgateClient:
         attempt = 0
         while True:
             attempt += 1
-            now = time.monotonic()
+            now = self._clock()
             # A retry waits for the channel (wait_for_ready) at most until the retry window
             # closes; the first attempt fails fast, as gRPC calls do.
             end = deadline if attempt == 1 else retry_until
@@ -259,12 +273,29 @@ class MemgateClient:
                 ):
                     raise exc from None
                 pause = random.uniform(0, backoff)
-                if time.monotonic() + pause >= retry_until:
+                left = retry_until - (self._clock() + pause)
+                if left <= 0:
                     raise exc from None
-                time.sleep(pause)
+                if left < self._min_attempt_s:
+                    raise self._out_of_time(attempt, left, exc) from None
+                self._sleep(pause)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
             return response, _call_id(call)
+
+    def _out_of_time(self, attempts: int, left: float, last: MemgateError) -> MemgateError:
+        """Too little time is left for another attempt (``min_attempt_s``): the last failure,
+        its class and status kept (a draining server still reads UNAVAILABLE), saying so."""
+        plural = "s" if attempts > 1 else ""
+        return _tagged(
+            type(last)(
+                f"{last} (gave up after {attempts} attempt{plural}: {left:.2f} s of the "
+                f"deadline left, under the {self._min_attempt_s:g} s a retry needs, "
+                "min_attempt_s)"
+            ),
+            getattr(last, "code", "UNKNOWN"),
+            getattr(last, "request_id", ""),
+        )
 
     def _timeout(self, timeout: float | None) -> float | None:
         return self.timeout if timeout is None else timeout

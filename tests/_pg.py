@@ -5,23 +5,32 @@ PostgreSQL refuses to run as root, and CI runs as root: then the cluster runs as
 unprivileged system user (``memgate-pg``, created with ``useradd`` when missing) through
 ``runuser``. Without PostgreSQL binaries :func:`find_bin` returns None and the callers skip
 with a message that says how to get them (``.ci/run`` installs Debian's ``postgresql``).
+
+A killed run (``kill -9`` of pytest, a CI timeout) cannot stop its server, which ``pg_ctl``
+detached: each cluster writes its owner process into ``<root>/owner.json``, and a new cluster
+first stops and removes those whose owner is gone (:func:`reap_stale`). A normal exit, or
+SIGTERM, stops the server through ``atexit``.
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-__all__ = ["PgCluster", "find_bin", "free_port", "pg_cluster", "pg_dsn"]
+__all__ = ["PgCluster", "find_bin", "free_port", "pg_cluster", "pg_dsn", "reap_stale"]
 
 USER = "memgate-pg"
 SKIP_REASON = (
@@ -59,6 +68,63 @@ def _ensure_user() -> None:
         )
 
 
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (its ``/proc`` start time), None when there is none: a
+    pid and its start time name one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def reap_stale(tmp: Path | None = None) -> list[Path]:
+    """Stop (immediate shutdown) and remove the clusters whose owner process is gone."""
+    reaped = []
+    for owner in Path(tmp or tempfile.gettempdir()).glob("memgate-pg-*/owner.json"):
+        try:
+            info = json.loads(owner.read_text())
+            alive = _started(int(info["pid"])) == info["started"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # another user's, or being written
+        if alive:
+            continue
+        root = owner.parent
+        try:
+            postmaster = int((root / "data" / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            postmaster = 0
+        if postmaster and _comm(postmaster) == "postgres":
+            os.kill(postmaster, signal.SIGQUIT)  # immediate shutdown
+            for _ in range(300):
+                if _started(postmaster) is None:
+                    break
+                time.sleep(0.1)
+        shutil.rmtree(root, ignore_errors=True)
+        reaped.append(root)
+    return reaped
+
+
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (while it has its default action) raises SystemExit instead of ending the
+    process on the spot, so ``finally`` blocks and atexit run and stop the server."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit)
+
+
 class PgCluster:
     """One PostgreSQL server on 127.0.0.1:``port``, its data in a temporary directory.
 
@@ -70,9 +136,15 @@ class PgCluster:
     user = "memgate"
 
     def __init__(self, bindir: Path, *, fsync: bool = True) -> None:
+        reap_stale()
         self.bindir = bindir
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="memgate-pg-"))
+        me = os.getpid()
+        (self.root / "owner.json").write_text(json.dumps({"pid": me, "started": _started(me)}))
+        self._closed = False
+        atexit.register(self.close)
+        _exit_on_sigterm()
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self._as_root = os.geteuid() == 0
@@ -153,6 +225,10 @@ class PgCluster:
             pass
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
         deadline = time.monotonic() + 60
         try:
             self.stop("immediate")

@@ -33,10 +33,18 @@ from typing import Any, Literal, Protocol, cast
 
 from engine.backfill.audit import AuditLog, Tally, decision_record, error_record
 from engine.backfill.checkpoint import Checkpoint, CheckpointWriter, JobLock, load
-from engine.backfill.readers import Format, count_rows, detect_format, fingerprint, read_records
+from engine.backfill.readers import (
+    Format,
+    Record,
+    count_rows,
+    detect_format,
+    fingerprint,
+    read_records,
+)
 from engine.backfill.rows import FieldMap, Row, to_row
 from engine.errors import InvalidInput
 from engine.gate.gate import GateSettings
+from engine.gate.policy import POLICY_NAMES
 from engine.types import Decision, Fact
 
 __all__ = [
@@ -48,6 +56,7 @@ __all__ = [
     "JobResult",
     "NullProgress",
     "Progress",
+    "RunState",
     "Source",
     "StreamDecider",
     "StreamingDecider",
@@ -61,7 +70,7 @@ class BackfillSettings:
     """How a job reads and decides. Every field is range-checked."""
 
     policy: str = "strict"
-    """``strict`` or ``review``."""
+    """A policy name (``engine.gate.policy.POLICY_NAMES``: strict, review, review-uncertain)."""
     dry_run: bool = False
     """Decide only: nothing is stored, no checkpoint is kept (each batch is decided against the
     store as it was, not against earlier batches of the file)."""
@@ -82,8 +91,9 @@ class BackfillSettings:
     """Text and metadata limits rows are validated against (the gate's)."""
 
     def __post_init__(self) -> None:
-        if self.policy not in ("strict", "review"):
-            raise InvalidInput(f"policy must be strict or review, got {self.policy!r}")
+        if self.policy not in POLICY_NAMES:
+            choices = ", ".join(POLICY_NAMES)
+            raise InvalidInput(f"policy must be one of {choices}, got {self.policy!r}")
         if not 1 <= self.batch <= _MAX_BATCH:
             raise InvalidInput(f"batch must be in [1, {_MAX_BATCH}], got {self.batch}")
         if not 0.0 <= self.sync_every_s <= 3600.0:
@@ -200,6 +210,24 @@ class JobResult:
     """The batch size used (in process, a resumed job keeps the one of its first run)."""
 
 
+@dataclass(frozen=True)
+class RunState:
+    """One run of a job, opened by :meth:`Job.resume_state`."""
+
+    name: str
+    """The job's name (the first run's input fingerprint): it keys the rows' idempotency."""
+    state: Checkpoint
+    """The checkpoint as the run starts."""
+    writer: CheckpointWriter
+    audit: AuditLog
+    resumed: bool
+    """The run continues after a done line of an earlier run."""
+    incomplete: bool
+    """The audit file lacks rows of earlier runs (see ``JobResult.audit_incomplete``)."""
+    started: float
+    """``time.perf_counter()`` at the start."""
+
+
 class Job:
     """One backfill of one input into one destination. Call :meth:`run` once."""
 
@@ -250,17 +278,39 @@ class Job:
     def _run(
         self, decider: BatchDecider | StreamingDecider, previous: Checkpoint | None
     ) -> JobResult:
+        streaming = hasattr(decider, "decide_stream")
+        # In process, a job keeps the batch size of its first run: resumed, it cuts the same
+        # batches again (see engine.backfill.checkpoint).
+        batch = previous.batch if previous is not None and not streaming else self.settings.batch
+        run = self.resume_state(previous, batch=batch)
+        rows = self._read(run.name, start_after=run.state.done_line)
+        state = run.state
+        pending = state.pending_through if (state.pending_through or 0) > state.done_line else None
+        try:
+            if streaming:
+                stream = cast(StreamingDecider, decider)
+                status = self._run_stream(stream, rows, run.writer, run.audit, pending)
+            else:
+                batches = cast(BatchDecider, decider)
+                status = self._run_batches(batches, rows, run.writer, run.audit, pending)
+        finally:
+            self.close_run(run)
+        return self.result(run, status, run.writer.state.done_line)
+
+    # -- a run's state (shared with the Ray driver, engine.backfill.ray_engine) --------------
+    def resume_state(self, previous: Checkpoint | None, *, batch: int) -> RunState:
+        """Open a run: the checkpoint to continue (``previous``, checked against this
+        command) or a new one, its writer, the audit file cut back to the checkpoint, and the
+        tally rebuilt from it. ``batch``: the batch size this run cuts (kept in the
+        checkpoint). Close it with :meth:`close_run`."""
         s = self.settings
         started = time.perf_counter()
         if previous is not None:
             self._check(previous)
-        job = previous.job if previous is not None else self.source.job
-        streaming = hasattr(decider, "decide_stream")
-        # In process, a job keeps the batch size of its first run: resumed, it cuts the same
-        # batches again (see engine.backfill.checkpoint).
-        self._batch = previous.batch if previous is not None and not streaming else s.batch
+        name = previous.job if previous is not None else self.source.job
+        self._batch = batch
         state = previous or Checkpoint(
-            job=job,
+            job=name,
             input=str(self.source.path),
             destination=self.destination,
             policy=s.policy,
@@ -274,45 +324,91 @@ class Job:
             state,
             audit=str(self.audit_path),
             audit_offset=state.audit_offset if same_audit else 0,
-            batch=self._batch,
+            batch=batch,
             head=self.source.job,
             finished=False,
         )
         writer = CheckpointWriter(self.checkpoint_path, state, enabled=not s.dry_run)
-        resume = previous is not None and previous.done_line > 0
+        resumed = previous is not None and previous.done_line > 0
         audit = AuditLog(self.audit_path, truncate_to=state.audit_offset if same_audit else None)
-        incomplete = audit.short or (resume and not same_audit)
         if same_audit and not audit.short:
             self._tally = Tally.from_audit(self.audit_path, state.audit_offset)
         self._rows = state.rows
-        rows = self._read(job, start_after=state.done_line)
-        pending = state.pending_through if (state.pending_through or 0) > state.done_line else None
-        try:
-            self.progress.update(self.source.position(state.done_line), self._tally.postfix())
-            if streaming:
-                stream = cast(StreamingDecider, decider)
-                status = self._run_stream(stream, rows, writer, audit, pending)
-            else:
-                batches = cast(BatchDecider, decider)
-                status = self._run_batches(batches, rows, writer, audit, pending)
-        finally:
-            writer.close()
-            audit.close()
-            self.progress.close()
+        self.progress.update(self.source.position(state.done_line), self._tally.postfix())
+        return RunState(
+            name=name,
+            state=state,
+            writer=writer,
+            audit=audit,
+            resumed=resumed,
+            incomplete=audit.short or (resumed and not same_audit),
+            started=started,
+        )
+
+    def close_run(self, run: RunState) -> None:
+        run.writer.close()
+        run.audit.close()
+        self.progress.close()
+
+    def result(self, run: RunState, status: Status, done_line: int) -> JobResult:
         return JobResult(
             status,
             self._tally,
-            rows_this_run=self._rows - state.rows,
+            rows_this_run=self._rows - run.state.rows,
             replayed_this_run=self._replayed,
-            seconds=time.perf_counter() - started,
-            resumed_after=state.done_line if resume else 0,
+            seconds=time.perf_counter() - run.started,
+            resumed_after=run.state.done_line if run.resumed else 0,
             failed=self._failed,
             audit=self.audit_path,
-            checkpoint=None if s.dry_run else self.checkpoint_path,
-            audit_incomplete=incomplete,
-            done_line=writer.state.done_line,
+            checkpoint=None if self.settings.dry_run else self.checkpoint_path,
+            audit_incomplete=run.incomplete,
+            done_line=done_line,
             batch=self._batch,
         )
+
+    def row(self, rec: Record, job: str) -> Row:
+        """A read record as a row of job ``job`` (validated, with its idempotency key)."""
+        if rec.values is None:
+            return Row(rec.line, None, None, rec.error)
+        s = self.settings
+        return to_row(
+            rec.line,
+            rec.values,
+            s.fields,
+            job=job,
+            source=f"backfill:{self.source.path.name}",
+            settings=s.limits,
+            default_namespace=s.default_namespace,
+        )
+
+    def fail(self, row: Row) -> None:
+        """Stop at a bad row (``on_error=fail``): the run ends ``failed``."""
+        self._failed = row
+
+    def record(self, audit: AuditLog, row: Row, record: dict[str, Any]) -> int:
+        """Audit one row (in input order) and count it; its line."""
+        audit.write(record)
+        self._tally.add(record)
+        self._rows += 1
+        if record.get("replayed"):
+            self._replayed += 1
+        return row.line
+
+    def record_batch(
+        self,
+        writer: CheckpointWriter,
+        audit: AuditLog,
+        done: Iterable[tuple[Row, dict[str, Any]]],
+        **extra: Any,
+    ) -> int | None:
+        """Audit rows that are done (in input order), then one checkpoint after the last; its
+        line (None: no row). ``extra``: more checkpoint fields (``pending_through``)."""
+        line = None
+        for row, record in done:
+            line = self.record(audit, row, record)
+        if line is not None:
+            self.commit_point(writer, audit, line, **extra)
+        return line
 
     def _check(self, cp: Checkpoint) -> None:
         s = self.settings
@@ -342,24 +438,12 @@ class Job:
     def _read(self, job: str, start_after: int) -> Iterator[Row]:
         s = self.settings
         src = self.source
-        label = f"backfill:{src.path.name}"
         for rec in read_records(
             src.path, src.format, src.gzip, start_after=start_after, fields=s.fields.columns()
         ):
-            if rec.values is None:
-                row = Row(rec.line, None, None, rec.error)
-            else:
-                row = to_row(
-                    rec.line,
-                    rec.values,
-                    s.fields,
-                    job=job,
-                    source=label,
-                    settings=s.limits,
-                    default_namespace=s.default_namespace,
-                )
+            row = self.row(rec, job)
             if row.fact is None and s.on_error == "fail":
-                self._failed = row
+                self.fail(row)
                 return
             yield row
 
@@ -384,19 +468,13 @@ class Job:
             yield chunk
 
     # -- audit ------------------------------------------------------------------------------
-    def _audit(self, audit: AuditLog, row: Row, decision: Decision | None) -> None:
+    def _record_of(self, row: Row, decision: Decision | None) -> dict[str, Any]:
         if decision is None:
             assert row.error is not None
-            record = error_record(row.line, row.row_id, row.error, self.settings.policy)
-        else:
-            record = decision_record(row.line, row.row_id, decision)
-            if decision.replayed:
-                self._replayed += 1
-        audit.write(record)
-        self._tally.add(record)
-        self._rows += 1
+            return error_record(row.line, row.row_id, row.error, self.settings.policy)
+        return decision_record(row.line, row.row_id, decision)
 
-    def _commit_point(
+    def commit_point(
         self,
         writer: CheckpointWriter,
         audit: AuditLog,
@@ -405,6 +483,8 @@ class Job:
         final: bool = False,
         **extra: Any,
     ) -> None:
+        """Every row up to ``line`` is audited: sync the audit file and save the checkpoint
+        (fsynced about once every ``sync_every_s``, and always when ``final``)."""
         now = time.monotonic()
         durable = final or now - self._synced >= self.settings.sync_every_s
         if durable:
@@ -413,7 +493,8 @@ class Job:
         writer.save(durable, done_line=line, audit_offset=offset, rows=self._rows, **extra)
         self.progress.update(self.source.position(line), self._tally.postfix())
 
-    def _end(self, writer: CheckpointWriter, audit: AuditLog, line: int) -> Status:
+    def end(self, writer: CheckpointWriter, audit: AuditLog, line: int) -> Status:
+        """The last checkpoint of a run (durable): stopped, failed or finished."""
         status: Status
         if self.stop.is_set():
             status = "stopped"
@@ -421,7 +502,7 @@ class Job:
             status = "failed"
         else:
             status = "finished"
-        self._commit_point(
+        self.commit_point(
             writer, audit, line, final=True, finished=status == "finished", pending_through=None
         )
         if status == "finished" and self.source.total is not None:
@@ -445,16 +526,18 @@ class Job:
         while current is not None:
             facts = [r.fact for r in current if r.fact is not None]
             decisions = iter(decider.decide(facts) if facts else [])
-            for row in current:
-                self._audit(audit, row, None if row.fact is None else next(decisions))
+            records = [
+                (row, self._record_of(row, None if row.fact is None else next(decisions)))
+                for row in current
+            ]
             done = current[-1].line
             nxt = None if self.stop.is_set() else next(chunks, None)
             # One checkpoint write per batch: this batch done, the next one reserved.
-            self._commit_point(
-                writer, audit, done, pending_through=None if nxt is None else nxt[-1].line
+            self.record_batch(
+                writer, audit, records, pending_through=None if nxt is None else nxt[-1].line
             )
             current = nxt
-        return self._end(writer, audit, done)
+        return self.end(writer, audit, done)
 
     # -- over gRPC --------------------------------------------------------------------------
     def _run_stream(
@@ -513,18 +596,17 @@ class Job:
                 since += 1
                 if since >= every:
                     since = 0
-                    self._commit_point(writer, audit, done)
+                    self.commit_point(writer, audit, done)
         finally:
             with flow:
                 closed[0] = True
                 flow.notify_all()
         while queue:  # bad rows after the last fact
             done = self._audit_row(audit, queue.popleft(), None)
-        return self._end(writer, audit, done)
+        return self.end(writer, audit, done)
 
     def _audit_row(self, audit: AuditLog, row: Row, decision: Decision | None) -> int:
-        self._audit(audit, row, decision)
-        return row.line
+        return self.record(audit, row, self._record_of(row, decision))
 
 
 def _map_str(fields: dict[str, Any]) -> str:

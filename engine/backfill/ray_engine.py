@@ -49,16 +49,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from engine.backfill.audit import AuditLog, Tally, decision_record, error_record
+from engine.backfill.audit import AuditLog, decision_record, error_record
 from engine.backfill.checkpoint import Checkpoint, CheckpointWriter, JobLock, load
 from engine.backfill.readers import Record, columns, parse_json_line
-from engine.backfill.rows import Row, to_row
+from engine.backfill.rows import Row
 from engine.errors import Conflict, InvalidInput, MemgateError, Unavailable
 from engine.store import is_dsn
 
 if TYPE_CHECKING:
     from engine.app import Engine, EngineSettings
-    from engine.backfill.job import Job, JobResult, Status
+    from engine.backfill.job import Job, JobResult, RunState, Status
 
 __all__ = [
     "RayBackfill",
@@ -318,11 +318,6 @@ class RayBackfill:
         """Partition -> pid of its live actor (tests kill them)."""
         self._ray: Any = None
         self._remote: Any = None
-        self._tally = Tally()
-        self._rows = 0
-        self._replayed = 0
-        self._synced = 0.0
-        self._failed: Row | None = None
 
     # -- entry ------------------------------------------------------------------------------
     def run(self) -> JobResult:
@@ -351,62 +346,16 @@ class RayBackfill:
                 ray.shutdown()
 
     def _run(self, previous: Checkpoint | None) -> JobResult:
-        from engine.backfill.job import JobResult
-
-        job, s = self.job, self.job.settings
-        started = time.perf_counter()
-        if previous is not None:
-            job.preflight()  # the same checks as the local backfill
-        name = previous.job if previous is not None else job.source.job
-        state = previous or Checkpoint(
-            job=name,
-            input=str(job.source.path),
-            destination=job.destination,
-            policy=s.policy,
-            fields=s.fields.describe(),
-            audit=str(job.audit_path),
-            batch=s.batch,
-        )
-        same_audit = previous is not None and previous.audit == str(job.audit_path)
-        state = replace(
-            state,
-            audit=str(job.audit_path),
-            audit_offset=state.audit_offset if same_audit else 0,
-            batch=s.batch,
-            head=job.source.job,
-            finished=False,
-        )
-        writer = CheckpointWriter(job.checkpoint_path, state, enabled=not s.dry_run)
-        resume = previous is not None and previous.done_line > 0
-        audit = AuditLog(job.audit_path, truncate_to=state.audit_offset if same_audit else None)
-        incomplete = audit.short or (resume and not same_audit)
-        if same_audit and not audit.short:
-            self._tally = Tally.from_audit(job.audit_path, state.audit_offset)
-        self._rows = state.rows
+        job = self.job
+        run = job.resume_state(previous, batch=job.settings.batch)  # the local job's checks
         partitions: list[_Partition] = []
         try:
             partitions = self._start_actors()
-            job.progress.update(job.source.position(state.done_line), self._tally.postfix())
-            status, done = self._loop(name, state.done_line, partitions, writer, audit)
+            status, done = self._loop(run.name, run.state.done_line, partitions, run)
         finally:
             self._stop_actors(partitions)
-            writer.close()
-            audit.close()
-            job.progress.close()
-        return JobResult(
-            status,
-            self._tally,
-            rows_this_run=self._rows - state.rows,
-            replayed_this_run=self._replayed,
-            seconds=time.perf_counter() - started,
-            resumed_after=state.done_line if resume else 0,
-            failed=self._failed,
-            audit=job.audit_path,
-            checkpoint=None if s.dry_run else job.checkpoint_path,
-            audit_incomplete=incomplete,
-            done_line=done,
-            batch=s.batch,
-        )
+            job.close_run(run)
+        return job.result(run, status, done)
 
     # -- actors -----------------------------------------------------------------------------
     def _actor_count(self) -> int:
@@ -503,16 +452,11 @@ class RayBackfill:
         part.in_flight.append((part.actor.decide.remote(payload), rows))
 
     def _loop(
-        self,
-        name: str,
-        done_line: int,
-        parts: list[_Partition],
-        writer: CheckpointWriter,
-        audit: AuditLog,
+        self, name: str, done_line: int, parts: list[_Partition], run: RunState
     ) -> tuple[Status, int]:
         job, s, rs = self.job, self.job.settings, self.settings
+        writer, audit = run.writer, run.audit
         reorder = Reorder()
-        label = f"backfill:{job.source.path.name}"
         buffered = read = 0
         done = done_line
         ds = _dataset(_import_ray_data(), job)
@@ -522,21 +466,9 @@ class RayBackfill:
                     break
                 if rec.line <= done_line:
                     continue  # resumed: done before
-                row = (
-                    Row(rec.line, None, None, rec.error)
-                    if rec.values is None
-                    else to_row(
-                        rec.line,
-                        rec.values,
-                        s.fields,
-                        job=name,
-                        source=label,
-                        settings=s.limits,
-                        default_namespace=s.default_namespace,
-                    )
-                )
+                row = job.row(rec, name)
                 if row.fact is None and s.on_error == "fail":
-                    self._failed = row
+                    job.fail(row)
                     break
                 reorder.expect(row.line)
                 if row.fact is None:
@@ -579,13 +511,7 @@ class RayBackfill:
             self._collect(parts, reorder)
             done = self._drain_ready(reorder, writer, audit, done)
         done = self._drain_ready(reorder, writer, audit, done)
-        status: Status = (
-            "stopped" if job.stop.is_set() else "failed" if self._failed else "finished"
-        )
-        self._commit_point(writer, audit, done, final=True, finished=status == "finished")
-        if status == "finished" and job.source.total is not None:
-            job.progress.update(job.source.total, self._tally.postfix())
-        return status, done
+        return job.end(writer, audit, done), done
 
     def _free(self, part: _Partition) -> bool:
         return bool(part.pending) and len(part.in_flight) < self.settings.in_flight
@@ -622,35 +548,8 @@ class RayBackfill:
     def _drain_ready(
         self, reorder: Reorder, writer: CheckpointWriter, audit: AuditLog, done: int
     ) -> int:
-        wrote = False
-        for row, record in reorder.ready():
-            audit.write(record)
-            self._tally.add(record)
-            self._rows += 1
-            if record.get("replayed"):
-                self._replayed += 1
-            done = row.line
-            wrote = True
-        if wrote:
-            self._commit_point(writer, audit, done)
-        return done
-
-    def _commit_point(
-        self,
-        writer: CheckpointWriter,
-        audit: AuditLog,
-        line: int,
-        *,
-        final: bool = False,
-        **extra: Any,
-    ) -> None:
-        now = time.monotonic()
-        durable = final or now - self._synced >= self.job.settings.sync_every_s
-        if durable:
-            self._synced = now
-        offset = audit.sync(durable)
-        writer.save(durable, done_line=line, audit_offset=offset, rows=self._rows, **extra)
-        self.job.progress.update(self.job.source.position(line), self._tally.postfix())
+        line = self.job.record_batch(writer, audit, reorder.ready())
+        return done if line is None else line
 
 
 def _is_read_error(exc: BaseException) -> bool:

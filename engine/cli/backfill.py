@@ -4,7 +4,8 @@
 
     memgate backfill --input facts.jsonl[.gz] | rows.csv | rows.parquet
                      [--map namespace=ns_col,text=body,kind=k,key=attr,metadata=meta,id=row_id]
-                     [--namespace NS] [--policy strict|review] [--dry-run] [--batch 256]
+                     [--namespace NS] [--policy strict|review|review-uncertain]
+                     [--dry-run] [--batch 256]
                      [--on-error skip|fail] [--audit FILE] [--checkpoint FILE]
                      [--target host:port [--token T] [--tls | --tls-ca PEM]]
                      [--data-dir DIR ...engine flags]
@@ -40,6 +41,7 @@ from engine.cli.common import (
     engine_settings,
 )
 from engine.errors import InvalidInput, MemgateError
+from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["register"]
 
@@ -63,7 +65,7 @@ def register(subparsers: Any) -> None:
         "(default: the field's own name; field= switches one off)",
     )
     p.add_argument("--namespace", help="namespace of rows that have none")
-    p.add_argument("--policy", choices=["strict", "review"], help="default: strict")
+    p.add_argument("--policy", choices=list(POLICY_NAMES), help="default: strict")
     add_policy_file_flag(p)
     p.add_argument("--dry-run", action="store_true", help="decide only: store nothing")
     p.add_argument("--batch", type=int, default=256, help="facts per gate batch (default 256)")

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from engine.cli.common import add_client_flags, client_from_args, facts_from_arg
+from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["register"]
 
@@ -31,7 +32,7 @@ def register(sub: Any) -> None:
     def batch(name: str, text: str) -> argparse.ArgumentParser:
         p = rpc(name, text)
         p.add_argument("file", help="JSON Lines of facts ({namespace, text, kind?, key?, ...}); -")
-        p.add_argument("--policy", choices=["strict", "review"], default="strict")
+        p.add_argument("--policy", choices=list(POLICY_NAMES), default="strict")
         p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"floor": 0.7}')
         return p
 

@@ -71,12 +71,6 @@ class TriageOutcome(Protocol):
     def timings(self) -> Mapping[str, float]: ...
 
 
-class StoreLike(Protocol):
-    """The store reads the engine makes past the gate (the audit log)."""
-
-    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]: ...
-
-
 class GateLike(Protocol):
     """What the engine needs of the gate (``engine.gate.gate.Gate`` satisfies it)."""
 
@@ -103,8 +97,7 @@ class GateLike(Protocol):
 
     def resolve_review(self, namespace: str, review_id: str, resolution: str) -> Any: ...
 
-    @property
-    def store(self) -> StoreLike: ...
+    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]: ...
 
 
 @dataclass(frozen=True)
@@ -545,7 +538,7 @@ class Engine:
         self, namespace: str, after_seq: int, limit: int
     ) -> tuple[list[Event], Timings]:
         """The namespace's audit log after ``after_seq`` (the store's event log)."""
-        found, secs = await self._io_call(self.gate.store.events, namespace, after_seq, limit)
+        found, secs = await self._io_call(self.gate.events, namespace, after_seq, limit)
         return found, Timings(store=secs, total=secs)
 
     async def resolve_review(

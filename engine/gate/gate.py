@@ -34,7 +34,7 @@ from engine.gate.score import score
 from engine.gate.thresholds import for_model
 from engine.store import WriteResult, new_memory_id
 from engine.store.base import Resolution, ReviewResolution
-from engine.types import KINDS, Decision, Fact, Memory, ReviewItem
+from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem
 from engine.validation import is_namespace
 
 __all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
@@ -301,6 +301,10 @@ class Gate(Generic[S, X]):
 
     def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
         return list(self.store.list_review(namespace, "pending", limit))
+
+    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        """The namespace's audit log after ``after_seq`` (the store's event log)."""
+        return list(self.store.events(namespace, after_seq, limit))
 
     def resolve_review(self, namespace: str, review_id: str, resolution: str) -> ReviewResolution:
         """accept = replace the target, keep_both = add, reject = discard."""

@@ -61,7 +61,11 @@ ACTION_TO_PB: dict[str, Any] = {
     "review": pb.REVIEW,
 }
 PB_TO_ACTION: dict[int, str] = {v: k for k, v in ACTION_TO_PB.items()}
-POLICY_TO_PB: dict[str, Any] = {"strict": pb.STRICT, "review": pb.REVIEW_POLICY}
+POLICY_TO_PB: dict[str, Any] = {
+    "strict": pb.STRICT,
+    "review": pb.REVIEW_POLICY,
+    "review-uncertain": pb.REVIEW_UNCERTAIN,
+}
 PB_TO_POLICY: dict[int, str] = {v: k for k, v in POLICY_TO_PB.items()} | {
     pb.POLICY_UNSPECIFIED: "strict"
 }
@@ -267,7 +271,8 @@ def policy_from_pb(value: int) -> str:
 
 
 def policy_to_pb(name: str) -> Any:
-    return _lookup(POLICY_TO_PB, name, f"unknown policy {name!r}: choose strict or review")
+    choices = ", ".join(POLICY_TO_PB)
+    return _lookup(POLICY_TO_PB, name, f"unknown policy {name!r}: choose one of {choices}")
 
 
 def overrides_from_pb(msg: Any) -> dict[str, Any]:

@@ -753,6 +753,64 @@ def test_cli_client_subcommands(
     assert "Conflict" in capsys.readouterr().err
 
 
+def test_review_uncertain_travels_over_grpc(
+    h: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``REVIEW_UNCERTAIN`` (3) is the review-uncertain policy on the server, not review: from a
+    raw stub, the client, the Backfill stream, ``memgate client --policy`` and ``memgate
+    backfill --policy``, the gate decides with it (each decision, event and audit line names
+    it) exactly as it does in process."""
+    from engine.gate.policy import POLICY_NAMES
+    from engine.server import convert
+
+    assert set(convert.POLICY_TO_PB) == set(POLICY_NAMES)  # every policy has a wire name
+    assert pb.PolicyName.Name(pb.REVIEW_UNCERTAIN) == "REVIEW_UNCERTAIN"
+    assert pb.REVIEW_UNCERTAIN == 3 and pb.REVIEW_POLICY == 2  # appended, never renumbered
+    gate = h.gate()
+    st = h.serve(gate)
+    c = h.client(st)
+    ns = "policy/uncertain"
+    denver = c.write([Fact(ns, DENVER)]).decisions[0].memory_id
+    facts = [Fact(ns, CHICAGO), Fact(ns, "The customer is learning to play the cello.")]
+
+    local = gate.triage(facts, "review-uncertain").decisions  # in process, the same store
+    expected = [("review-uncertain", d.action, d.target_id, d.rule) for d in local]
+    assert expected[0][2] == denver  # Chicago meets Denver: the policy has a conflict to weigh
+
+    def seen(ds: Any) -> list[tuple[str, str, str | None, str]]:
+        return [(d.policy, d.action, d.target_id, d.rule) for d in ds]
+
+    assert seen(c.triage(facts, "review-uncertain").decisions) == expected
+    assert seen(c.backfill(facts, "review-uncertain", dry_run=True)) == expected
+    request = pb.TriageRequest(
+        facts=[convert.fact_to_pb(f) for f in facts], policy=pb.REVIEW_UNCERTAIN
+    )
+    raw = h.stub(st).Triage(request, timeout=60)
+    assert [(d.policy, convert.PB_TO_ACTION[d.action]) for d in raw.decisions] == [
+        (p, a) for p, a, _, _ in expected
+    ]
+    # review (scope all) is another policy on the wire: it queues the conflict.
+    queued = c.triage(facts[:1], "review").decisions[0]
+    assert (queued.policy, queued.action) == ("review", "review")
+
+    rows = tmp_path / "facts.jsonl"
+    rows.write_text(json.dumps({"namespace": ns, "text": CHICAGO}) + "\n", encoding="utf-8")
+    argv = ["client", "write", str(rows), "--policy", "review-uncertain", "--target", st.target]
+    assert cli_main(argv) == 0
+    wrote = [json.loads(line) for line in capsys.readouterr().out.splitlines()][0]
+    assert (wrote["action"], wrote["target_id"]) == (expected[0][1], expected[0][2])
+    assert c.events(ns, 0, 100)[-1].policy == "review-uncertain"
+
+    # memgate backfill --policy review-uncertain --target: the stream's first message names it.
+    audit = tmp_path / "audit.jsonl"
+    argv = ["backfill", "--input", str(rows), "--policy", "review-uncertain", "--dry-run"]
+    argv += ["--target", st.target, "--audit", str(audit), "--progress", "off"]
+    assert cli_main(argv) == 0
+    capsys.readouterr()
+    [record] = [json.loads(line) for line in audit.read_text(encoding="utf-8").splitlines()]
+    assert record["policy"] == "review-uncertain"
+
+
 def test_public_names_resolve() -> None:
     import importlib
 

@@ -7,8 +7,10 @@ The faults come from :class:`FaultInjector`, a gRPC client interceptor handed to
 * fails the call with UNAVAILABLE *before* sending it (the server never saw it),
 * lets the call complete on the server and then drops the answer, failing it with UNAVAILABLE
   (the server committed: the retry must replay, not write again), or
-* gives the call a deadline of a few milliseconds and reports UNAVAILABLE when it cut it short
-  (the connection broke mid-call: the server may or may not have committed).
+* sends the call with its own deadline but stops waiting for it after a few milliseconds and
+  reports UNAVAILABLE (the connection broke mid-call: the server may or may not have committed,
+  and may commit it after the retry arrived). The server never sees a shortened deadline, so
+  its deadline door is on, as in production.
 
 Every fact carries an idempotency key, so the client retries UNAVAILABLE itself, with the same
 keys. The facts are cheap for the gate (episodes, keyed updates, and free-text facts alone in
@@ -23,6 +25,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +98,6 @@ class Unavailable(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[misc]
         fn(self)
 
 
-class _Details(grpc.ClientCallDetails):  # type: ignore[misc]
-    def __init__(self, base: Any, timeout: float) -> None:
-        self.method = base.method
-        self.timeout = timeout
-        self.metadata = base.metadata
-        self.credentials = base.credentials
-        self.wait_for_ready = base.wait_for_ready
-        self.compression = base.compression
-
-
 class FaultInjector(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     """Fails a share ``rate`` of Write attempts with UNAVAILABLE, at most ``per_request`` times
     per request (so a client with enough attempts always gets through). A request is known by
@@ -123,6 +116,12 @@ class FaultInjector(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         self.faults: Counter[str] = Counter()
         self.by_request: dict[str, list[str]] = defaultdict(list)
         self.attempts = 0
+        # Calls cut mid-way go on here after the client stopped waiting for them.
+        self._cut_calls = ThreadPoolExecutor(64, thread_name_prefix="cut-call")
+
+    def close(self) -> None:
+        """Wait for the calls cut mid-way (after the client's channel closed, they end)."""
+        self._cut_calls.shutdown(wait=True)
 
     def _choose(self, key: str) -> str | None:
         with self._lock:
@@ -149,12 +148,14 @@ class FaultInjector(grpc.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         if mode == "mid":
             with self._lock:
                 cut = self._rng.uniform(0.002, 0.15)
-            outcome = continuation(_Details(details, cut), request)
-            if isinstance(outcome, grpc.RpcError):
-                if outcome.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    return outcome
+            call = self._cut_calls.submit(continuation, details, request)
+            try:
+                outcome = call.result(timeout=cut)
+            except FutureTimeout:
                 self._record(key, "mid")
                 return Unavailable("injected: connection lost while the server worked")
+            if isinstance(outcome, grpc.RpcError):
+                return outcome  # the server refused it within the cut: nothing to lose
             mode = "after"  # it finished within the cut: its answer is lost like "after"
         else:
             outcome = continuation(details, request)
@@ -211,9 +212,9 @@ def test_idempotent_retries_under_injected_unavailable(
     errors: list[str] = []
     lock = threading.Lock()
     started = time.perf_counter()
-    # A fixed admission bound (no queue-delay budget, no deadline door: a "mid" fault gives an
-    # attempt a 0.1 s deadline, which the door would shed): this test is about retries.
-    with running(gate, max_queue_delay_s=None, admit_by_deadline=False) as st:
+    # A fixed admission bound (no queue-delay budget): this test is about retries. The deadline
+    # door is on: every attempt carries the client's own deadline.
+    with running(gate, max_queue_delay_s=None) as st:
         client = MemgateClient(st.target, timeout=120, interceptors=[injector])
 
         def writer(w: int) -> None:
@@ -232,6 +233,7 @@ def test_idempotent_retries_under_injected_unavailable(
             for f in [pool.submit(writer, w) for w in range(writers)]:
                 f.result(600)
         client.close()
+        injector.close()
     seconds = time.perf_counter() - started
 
     facts = [f for w in range(writers) for r in range(per_writer) for f in _facts(w, r, size)]

@@ -26,7 +26,7 @@ from engine.core import (
     shutdown_message,
 )
 from engine.errors import InvalidInput, Overloaded, Unavailable
-from engine.types import Decision, Fact, Memory
+from engine.types import Decision, Event, Fact, Memory
 
 
 @dataclass
@@ -83,6 +83,10 @@ class FakeGate:
 
     def resolve_review(self, namespace: str, review_id: str, resolution: str) -> Any:
         raise NotImplementedError
+
+    def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
+        log = [Event(i, namespace, "add", f"m{i}", None, "strict", {}, 0.0) for i in (1, 2, 3)]
+        return [e for e in log if e.seq > after_seq][:limit]
 
 
 def _no_blank(fact: Fact) -> None:
@@ -147,6 +151,24 @@ def test_timings_of_run_puts_untimed_work_in_other() -> None:
 # -- the facade ---------------------------------------------------------------------------------
 def engine_for(gate: FakeGate, **kw: Any) -> Engine:
     return Engine(gate, CoreSettings(**kw), validate=_no_blank)
+
+
+def test_events_are_read_through_the_gate() -> None:
+    """The core asks the gate for the audit log (it never reaches into the gate's store)."""
+    gate = FakeGate()
+    assert not hasattr(gate, "store")
+
+    async def main() -> tuple[list[Event], Timings]:
+        eng = engine_for(gate)
+        await eng.start()
+        try:
+            return await eng.events("acme", 1, 1)
+        finally:
+            await eng.close()
+
+    found, timings = run(main())
+    assert [(e.seq, e.namespace, e.memory_id) for e in found] == [(2, "acme", "m2")]
+    assert timings.store >= 0 and timings.total == timings.store
 
 
 def test_triage_returns_typed_results_and_batches_concurrent_callers() -> None:
