@@ -33,6 +33,7 @@ from engine.store._codec import (
     _check_limit,
     _check_namespace,
     _dumps,
+    _event,
     _fact,
     _fact_json,
     _loads_dict,
@@ -279,7 +280,7 @@ class SQLStore(ABC):
         if write.action == "add":
             memory_id, rowid = self._insert_memory(db, write, None, scores, now)
             result = WriteResult("add", memory_id=memory_id, rowid=rowid)
-            self._event(db, ns, "add", memory_id, None, write.policy, scores, now)
+            self._log(db, ns, "add", memory_id, None, write.policy, scores, now)
         elif write.action == "replace":
             target = cast(str, write.target_id)
             target_rowid = self._active_rowid(db, ns, target)
@@ -292,17 +293,17 @@ class SQLStore(ABC):
                 rowid=rowid,
                 superseded_rowid=target_rowid,
             )
-            self._event(db, ns, "replace", memory_id, target, write.policy, scores, now)
+            self._log(db, ns, "replace", memory_id, target, write.policy, scores, now)
         elif write.action == "skip":
             result = WriteResult("skip", target_id=write.target_id)
-            self._event(db, ns, "skip", None, write.target_id, write.policy, scores, now)
+            self._log(db, ns, "skip", None, write.target_id, write.policy, scores, now)
         else:
             review_id = new_review_id()
             review = (review_id, ns, _fact_json(fact), write.inferred_key, write.policy)
             db.run(_INSERT_REVIEW, (*review, _blob(write.embedding), write.target_id, scores, now))
             result = WriteResult("review", target_id=write.target_id, review_id=review_id)
             event_scores = _dumps({**write.scores, "review_id": review_id}, "scores")
-            self._event(
+            self._log(
                 db, ns, "review_queued", None, write.target_id, write.policy, event_scores, now
             )
         if idem is not None:
@@ -352,6 +353,17 @@ class SQLStore(ABC):
         return int(row[0])
 
     @staticmethod
+    def _owned(db: Session, columns: str, namespace: str, memory_id: str) -> Any:
+        """``columns`` of the memory ``memory_id`` of ``namespace``; ``NotFound`` if absent."""
+        row = db.one(
+            f"SELECT {columns} FROM memories WHERE id = ? AND namespace = ?",
+            (memory_id, namespace),
+        )
+        if row is None:
+            raise NotFound(f"no memory {memory_id} in this namespace")
+        return row
+
+    @staticmethod
     def _supersede(db: Session, rowid: int, by: str) -> None:
         db.run(
             "UPDATE memories SET status = 'superseded', superseded_by = ? WHERE rowid = ?",
@@ -359,7 +371,7 @@ class SQLStore(ABC):
         )
 
     @staticmethod
-    def _event(
+    def _log(
         db: Session,
         namespace: str,
         type_: str,
@@ -382,12 +394,7 @@ class SQLStore(ABC):
         _check_namespace(namespace)
         now = self._clock()
         with self._transaction("forget", {namespace}) as db:
-            row = db.one(
-                "SELECT rowid, status, scores FROM memories WHERE id = ? AND namespace = ?",
-                (memory_id, namespace),
-            )
-            if row is None:
-                raise NotFound(f"no memory {memory_id} in this namespace")
+            row = self._owned(db, "rowid, status, scores", namespace, memory_id)
             rowid = int(row[0])
             if row[1] == "forgotten":
                 return rowid
@@ -415,7 +422,7 @@ class SQLStore(ABC):
                     "UPDATE reviews SET fact = ?, embedding = NULL WHERE id = ?",
                     (_dumps(erased, "fact"), review_id),
                 )
-            self._event(db, namespace, "forget", memory_id, None, None, "{}", now)
+            self._log(db, namespace, "forget", memory_id, None, None, "{}", now)
             return rowid
 
     def undo(self, namespace: str, memory_id: str) -> UndoResult:
@@ -428,12 +435,7 @@ class SQLStore(ABC):
         _check_namespace(namespace)
         now = self._clock()
         with self._transaction("undo", {namespace}) as db:
-            row = db.one(
-                "SELECT rowid, status, supersedes FROM memories WHERE id = ? AND namespace = ?",
-                (memory_id, namespace),
-            )
-            if row is None:
-                raise NotFound(f"no memory {memory_id} in this namespace")
+            row = self._owned(db, "rowid, status, supersedes", namespace, memory_id)
             undone_rowid, status, old_id = int(row[0]), row[1], row[2]
             if status != "active":
                 raise Conflict(f"memory {memory_id} is {status}, not active")
@@ -452,7 +454,7 @@ class SQLStore(ABC):
                 "UPDATE memories SET status = 'active', superseded_by = NULL WHERE rowid = ?",
                 (restored_rowid,),
             )
-            self._event(db, namespace, "undo", memory_id, old_id, None, "{}", now)
+            self._log(db, namespace, "undo", memory_id, old_id, None, "{}", now)
             restored = self._memory_by_rowid(db, restored_rowid)
             undone = self._memory_by_rowid(db, undone_rowid)
         return UndoResult(
@@ -528,7 +530,7 @@ class SQLStore(ABC):
                     f"SELECT {_REVIEW_COLUMNS} FROM reviews WHERE id = ?", (review_id,)
                 )
             event_scores = _dumps({"review_id": review_id, "resolution": resolution}, "scores")
-            self._event(
+            self._log(
                 db, namespace, "review_resolved", new_id, target_id, policy, event_scores, now
             )
         return ReviewResolution(
@@ -658,19 +660,7 @@ class SQLStore(ABC):
                 "FROM events WHERE namespace = ? AND seq > ? ORDER BY seq LIMIT ?",
                 (namespace, after_seq, limit),
             )
-        return [
-            Event(
-                seq=r[0],
-                namespace=r[1],
-                type=r[2],
-                memory_id=r[3],
-                target_id=r[4],
-                policy=r[5],
-                scores=_loads_dict(r[6]),
-                created_at=r[7],
-            )
-            for r in rows
-        ]
+        return [_event(r) for r in rows]
 
     def list_review(
         self, namespace: str, status: ReviewStatus = "pending", limit: int = 100
