@@ -65,7 +65,7 @@ from engine.types import Event, Memory, ReviewItem
 __all__ = ["Dialect", "SQLStore", "Session"]
 
 _PLACEHOLDERS = ("?", "%s")
-_MAX_IN = 32_766  # SQLite's default limit of bound parameters, less the namespace's
+_MAX_IN = 32_765  # SQLite's default limit of bound parameters (32766), less the namespace
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Dialect:
     """What one backend's SQL writes differently. Pure data, checked on construction."""
 
     name: str
-    """The backend's name, for messages."""
+    """The backend's name (``sqlite``, ``postgres``)."""
     placeholder: str
     """How the driver marks a parameter: ``?`` (sqlite3) or ``%s`` (psycopg)."""
     event_sql: str

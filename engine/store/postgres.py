@@ -22,6 +22,9 @@ erasure. What differs is what sharing needs:
 * **Embeddings** are float32 little-endian ``bytea`` (no pgvector), so any replica rebuilds an
   index from the store alone.
 
+The queries are :class:`~engine.store._sql.SQLStore`'s (shared with SQLite); this module holds
+the pool, the advisory locks, the error translation and :data:`DIALECT`.
+
 ``psycopg`` and ``psycopg_pool`` are imported here and nowhere else. The DSN's password is
 never logged nor put in an error: messages name :func:`~engine.store.factory.mask_dsn` of it.
 """
@@ -52,7 +55,7 @@ from engine.store._sql import Dialect, Session, SQLStore
 from engine.store.base import StoreSettings
 from engine.store.factory import mask_dsn
 
-__all__ = ["SCHEMA_VERSION", "PostgresSettings", "PostgresStore"]
+__all__ = ["DIALECT", "SCHEMA_VERSION", "PostgresSettings", "PostgresStore"]
 
 SCHEMA_VERSION = 1
 

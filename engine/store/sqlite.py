@@ -20,6 +20,9 @@ Fault injection: ``SQLiteStore(..., hook=StatementHook())`` is told of every SQL
 store runs, before and after it, and may raise what a failing disk makes SQLite raise
 (:func:`disk_error`) or end the process (a crash point). Production passes no hook.
 
+The queries are :class:`~engine.store._sql.SQLStore`'s (shared with PostgreSQL); this module
+holds the connection, its pragmas, the file's lock, the error translation and :data:`DIALECT`.
+
 Rowids (``memories.rowid``) are the int64 keys of the FAISS index. They are never reused:
 memories are never deleted, only their status changes (forget erases text and embedding).
 """
@@ -38,7 +41,7 @@ from engine.errors import InvalidInput, StorageError, StorageFull, Unavailable
 from engine.store._sql import Dialect, Session, SQLStore
 from engine.store.base import StoreSettings
 
-__all__ = ["SCHEMA_VERSION", "SQLiteStore", "StatementHook", "disk_error"]
+__all__ = ["DIALECT", "SCHEMA_VERSION", "SQLiteStore", "StatementHook", "disk_error"]
 
 SCHEMA_VERSION = 1
 

@@ -130,3 +130,15 @@ def test_backends_differ_where_their_databases_do() -> None:
     assert (SQLITE.skip_empty, pg.skip_empty) == (False, True)
     # SQLite numbers events by AUTOINCREMENT; PostgreSQL bumps a per-namespace counter.
     assert "seq" not in SQLITE.event_sql and "INSERT INTO namespaces" in pg.event_sql
+
+
+def test_the_core_exports_what_it_names_and_both_backends_build_on_it() -> None:
+    assert sorted(_sql.__all__) == ["Dialect", "SQLStore", "Session"]
+    assert all(hasattr(_sql, name) for name in _sql.__all__)
+    from engine.store.sqlite import SQLiteStore
+
+    assert issubclass(SQLiteStore, _sql.SQLStore) and SQLiteStore.dialect is SQLITE
+    pytest.importorskip("psycopg")
+    from engine.store.postgres import DIALECT, PostgresStore
+
+    assert issubclass(PostgresStore, _sql.SQLStore) and PostgresStore.dialect is DIALECT
