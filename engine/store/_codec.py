@@ -11,7 +11,7 @@ import numpy as np
 
 from engine.errors import InvalidInput, StorageError
 from engine.store.base import WriteResult
-from engine.types import Fact, Memory, ReviewItem
+from engine.types import Event, Fact, Memory, ReviewItem
 
 _MEMORY_COLUMNS = (
     "id, namespace, kind, text, key, metadata, source, created_at, status, supersedes, "
@@ -78,6 +78,15 @@ def _memory(row: Sequence[Any]) -> Memory:
         superseded_by=row[10],
         scores=_loads_dict(row[11]),
         inferred_key=row[12],
+    )
+
+
+def _event(row: Sequence[Any]) -> Event:
+    """An event from its row: ``seq, namespace, type, memory_id, target_id, policy, scores,
+    created_at`` (the order of :class:`~engine.types.Event`'s fields)."""
+    seq, namespace, type_, memory_id, target_id, policy, scores, created_at = row
+    return Event(
+        seq, namespace, type_, memory_id, target_id, policy, _loads_dict(scores), created_at
     )
 
 
