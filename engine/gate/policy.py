@@ -101,8 +101,18 @@ class Policy:
     subject, polarity, typed-value and swapped-name guards of
     :func:`engine.gate.claims.restates` carry the precision."""
 
+    evidence: bool = True
+    """Strict means safe (issue 12, item 4): replace unattended only with positive evidence
+    that memory and fact speak of the same attribute of the same subject (their subjects are not
+    disjoint and their frames are at least ``attribute_similarity`` alike, see
+    :mod:`engine.gate.identify`); without it strict adds, and review-uncertain queues."""
+    attribute_similarity: float = 0.10
+    """Frame similarity (embedder cosine, subject and values out) that counts as the same
+    attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
+
     def __post_init__(self) -> None:
         unit = (
+            "attribute_similarity",
             "floor",
             "contradiction",
             "key_match_contradiction",
@@ -184,6 +194,25 @@ class Evidence:
     """The memory packs several claims and the new fact leaves some of them standing."""
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
+    subject: str = ""
+    """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
+    attribute: float | None = None
+    """Similarity of the two frames (subject and values out); None when not measured."""
+
+    def proven(self, policy: Policy) -> str:
+        """Empty when the evidence shows the same attribute of the same subject, else why not.
+
+        A matching attribute key is such evidence; otherwise the subjects must not be disjoint
+        and the frames must be alike."""
+        if self.key_match:
+            return ""
+        if self.subject == "disjoint":
+            return "subject_disjoint"
+        if self.attribute is None:
+            return "attribute_unmeasured"
+        if self.attribute < policy.attribute_similarity:
+            return f"attribute:{self.attribute:.2f}<{policy.attribute_similarity:.2f}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -283,11 +312,15 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     rule = "key_match" if best.key_match else "contradiction"
     if best.partial:
         return out("review", best.memory_id, f"partial_contradiction:{rule}")
+    unproven = best.proven(policy) if policy.evidence else ""
     if policy.mode == "review":
         confident = best.key_match or best.similarity >= policy.auto_floor
-        if policy.review_scope == "uncertain" and confident:
+        if policy.review_scope == "uncertain" and confident and not unproven:
             return out("replace", best.memory_id, f"{rule}+confident")
         return out("review", best.memory_id, rule)
+    if unproven:
+        reasons[best.memory_id] = (False, f"unproven:{unproven}")
+        return out("add", None, "unproven")
     return out("replace", best.memory_id, rule)
 
 
