@@ -233,7 +233,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> relate -> score -> weigh / decide -> commit."""
+        """plan -> embed -> recall -> identify -> relate -> score -> weigh / decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()

@@ -15,7 +15,11 @@ The rule, per incoming free-text fact, over candidates sorted by similarity:
    is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
    and goes to review instead of replacing either. A target that packs several claims of which
    the new fact leaves some standing is a partial contradiction: review, never replace;
-5. strict replaces the target; review queues it. Everything else is added.
+5. **strict means safe**: strict replaces the target only with positive evidence that both
+   speak of one attribute of one subject (a matching attribute key, or subjects that are not
+   disjoint and frames at least ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
+   without it strict adds (rule ``unproven``). Review queues the target whatever the evidence.
+   Everything else is added.
 """
 
 from __future__ import annotations
@@ -246,6 +250,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
                 key=ev.key,
                 passed=reasons.get(ev.memory_id, (False, ""))[0],
                 reason=reasons.get(ev.memory_id, (False, "not_reached"))[1],
+                attribute=None if ev.attribute is None else float(ev.attribute),
             )
             for ev in ranked
         )

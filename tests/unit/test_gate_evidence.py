@@ -110,7 +110,8 @@ def test_strict_adds_without_attribute_evidence() -> None:
 
 
 def test_strict_replaces_with_evidence_and_a_key_match_is_evidence() -> None:
-    assert decide([conflict(attribute=0.9, subject="shared")], STRICT).action == "replace"
+    v = decide([conflict(attribute=0.9, subject="shared")], STRICT)
+    assert v.action == "replace" and v.candidates[0].attribute == pytest.approx(0.9)
     assert decide([conflict(attribute=None, key_match=True)], STRICT).action == "replace"
 
 
