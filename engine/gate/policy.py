@@ -302,7 +302,11 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             if best.key_match and rival.key_match
             else policy.ambiguity_margin
         )
-        if gap < margin and best.key_match == rival.key_match:
+        closer = (  # the rival's frame is nearer the fact's: it may be the attribute meant
+            rival.attribute is not None
+            and (best.attribute is None or rival.attribute > best.attribute)
+        )
+        if gap < margin and (best.key_match == rival.key_match or closer):
             reasons[rival.memory_id] = (True, "ambiguous")
             return out("review", best.memory_id, "ambiguous_target")
     closest = next((ev for ev in above if not ev.key_conflict), None)

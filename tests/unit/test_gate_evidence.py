@@ -130,3 +130,17 @@ def test_evidence_off_restores_the_plain_rule() -> None:
 def test_the_bar_belongs_to_the_embedder() -> None:
     assert for_embedder(STRICT, "minilm").attribute_similarity == 0.10
     assert for_embedder(STRICT, "someone-elses-model") is STRICT
+
+
+def test_a_near_rival_with_the_closer_frame_makes_the_target_ambiguous() -> None:
+    # "Walter's evening dose went up": the morning dose is a hair more similar as a sentence,
+    # the evening dose (matching key) speaks of the attribute more closely
+    morning = Evidence("am", "am", 0.922, contradiction=0.98, attribute=0.86, subject="shared")
+    evening = Evidence(
+        "pm", "pm", 0.920, contradiction=0.99, attribute=0.93, subject="shared", key_match=True
+    )
+    v = decide([morning, evening], STRICT)
+    assert (v.action, v.rule) == ("review", "ambiguous_target")
+    # a rival whose frame is farther does not: the most similar proven candidate is replaced
+    farther = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.5, key_match=True)
+    assert decide([morning, farther], STRICT).action == "replace"
