@@ -83,6 +83,9 @@ class Candidate:
     """True when this candidate cleared every check for replacement."""
     reason: str = ""
     """Why it did or did not pass (``below_floor``, ``key_conflict``, ``low_contradiction``...)."""
+    attribute: float | None = None
+    """Similarity of the two frames (subject and values out): the evidence that memory and fact
+    speak of one attribute; None when not measured. In-process only (not on the wire)."""
 
 
 @dataclass(frozen=True, slots=True)

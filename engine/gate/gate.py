@@ -25,13 +25,14 @@ from engine.gate import keys as keymod
 from engine.gate.commit import commit
 from engine.gate.decide import decide
 from engine.gate.embed import embed
+from engine.gate.identify import identify
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
 from engine.gate.recall import recall
 from engine.gate.relate import relate
 from engine.gate.score import score
-from engine.gate.thresholds import for_model
+from engine.gate.thresholds import for_embedder, for_model
 from engine.store import WriteResult, new_memory_id
 from engine.store.base import Resolution, ReviewResolution
 from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem
@@ -142,6 +143,7 @@ class Gate(Generic[S, X]):
     ) -> TriageResult:
         if isinstance(policy, str):
             pol = for_model(policy_by_name(policy), _model_name(self.nli))
+            pol = for_embedder(pol, _model_name(self.embedder))
         else:
             pol = policy
         pol = pol.with_overrides(overrides)
@@ -231,7 +233,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> relate -> score -> weigh / decide -> commit."""
+        """plan -> embed -> recall -> identify -> relate -> score -> weigh / decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
@@ -240,6 +242,9 @@ class Gate(Generic[S, X]):
         t0 = time.perf_counter()
         recall(probes, self.store, self.index, pol.top_k)
         timings["search"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        identify(probes, self.embedder, pol)
+        timings["identify"] = time.perf_counter() - t0
         relate(probes, pol, has_entailment=self.nli.entailment_index is not None)
         t0 = time.perf_counter()
         pairs = score(probes, self.nli, pol)

@@ -15,7 +15,11 @@ The rule, per incoming free-text fact, over candidates sorted by similarity:
    is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
    and goes to review instead of replacing either. A target that packs several claims of which
    the new fact leaves some standing is a partial contradiction: review, never replace;
-5. strict replaces the target; review queues it. Everything else is added.
+5. **strict means safe**: strict replaces the target only with positive evidence that both
+   speak of one attribute of one subject (a matching attribute key, or subjects that are not
+   disjoint and frames at least ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
+   without it strict adds (rule ``unproven``). Review queues the target whatever the evidence.
+   Everything else is added.
 """
 
 from __future__ import annotations
@@ -101,8 +105,18 @@ class Policy:
     subject, polarity, typed-value and swapped-name guards of
     :func:`engine.gate.claims.restates` carry the precision."""
 
+    evidence: bool = True
+    """Strict means safe (issue 12, item 4): replace unattended only with positive evidence
+    that memory and fact speak of the same attribute of the same subject (their subjects are not
+    disjoint and their frames are at least ``attribute_similarity`` alike, see
+    :mod:`engine.gate.identify`); without it strict adds, and review-uncertain queues."""
+    attribute_similarity: float = 0.10
+    """Frame similarity (embedder cosine, subject and values out) that counts as the same
+    attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
+
     def __post_init__(self) -> None:
         unit = (
+            "attribute_similarity",
             "floor",
             "contradiction",
             "key_match_contradiction",
@@ -184,6 +198,25 @@ class Evidence:
     """The memory packs several claims and the new fact leaves some of them standing."""
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
+    subject: str = ""
+    """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
+    attribute: float | None = None
+    """Similarity of the two frames (subject and values out); None when not measured."""
+
+    def proven(self, policy: Policy) -> str:
+        """Empty when the evidence shows the same attribute of the same subject, else why not.
+
+        A matching attribute key is such evidence; otherwise the subjects must not be disjoint
+        and the frames must be alike."""
+        if self.key_match:
+            return ""
+        if self.subject == "disjoint":
+            return "subject_disjoint"
+        if self.attribute is None:
+            return "attribute_unmeasured"
+        if self.attribute < policy.attribute_similarity:
+            return f"attribute:{self.attribute:.2f}<{policy.attribute_similarity:.2f}"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -217,6 +250,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
                 key=ev.key,
                 passed=reasons.get(ev.memory_id, (False, ""))[0],
                 reason=reasons.get(ev.memory_id, (False, "not_reached"))[1],
+                attribute=None if ev.attribute is None else float(ev.attribute),
             )
             for ev in ranked
         )
@@ -268,7 +302,11 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             if best.key_match and rival.key_match
             else policy.ambiguity_margin
         )
-        if gap < margin and best.key_match == rival.key_match:
+        closer = (  # the rival's frame is nearer the fact's: it may be the attribute meant
+            rival.attribute is not None
+            and (best.attribute is None or rival.attribute > best.attribute)
+        )
+        if gap < margin and (best.key_match == rival.key_match or closer):
             reasons[rival.memory_id] = (True, "ambiguous")
             return out("review", best.memory_id, "ambiguous_target")
     closest = next((ev for ev in above if not ev.key_conflict), None)
@@ -283,11 +321,15 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     rule = "key_match" if best.key_match else "contradiction"
     if best.partial:
         return out("review", best.memory_id, f"partial_contradiction:{rule}")
+    unproven = best.proven(policy) if policy.evidence else ""
     if policy.mode == "review":
         confident = best.key_match or best.similarity >= policy.auto_floor
-        if policy.review_scope == "uncertain" and confident:
+        if policy.review_scope == "uncertain" and confident and not unproven:
             return out("replace", best.memory_id, f"{rule}+confident")
         return out("review", best.memory_id, rule)
+    if unproven:
+        reasons[best.memory_id] = (False, f"unproven:{unproven}")
+        return out("add", None, "unproven")
     return out("replace", best.memory_id, rule)
 
 

@@ -50,6 +50,10 @@ class Hit:
     """``relate``: the model scores (memory -> fact)."""
     reverse: bool = False
     """``relate`` / ``score``: the model scores (fact -> memory) too."""
+    subject: str = ""
+    """``identify``: ``shared``, ``disjoint`` or ``unknown`` subjects; empty when not read."""
+    attribute: float | None = None
+    """``identify``: the embedder's similarity of the two frames (subject and values out)."""
     contradiction: float | None = None
     entailment: float | None = None
     reverse_contradiction: float | None = None

@@ -13,7 +13,13 @@ from dataclasses import asdict, dataclass, replace
 
 from engine.gate.policy import Policy
 
-__all__ = ["MODEL_THRESHOLDS", "ModelThresholds", "for_model"]
+__all__ = [
+    "EMBEDDER_THRESHOLDS",
+    "MODEL_THRESHOLDS",
+    "ModelThresholds",
+    "for_embedder",
+    "for_model",
+]
 
 
 @dataclass(frozen=True)
@@ -40,3 +46,17 @@ def for_model(policy: Policy, model: str | None) -> Policy:
     """``policy`` with ``model``'s thresholds, when the table has them."""
     found = MODEL_THRESHOLDS.get(model or "")
     return policy if found is None else replace(policy, **asdict(found))
+
+
+EMBEDDER_THRESHOLDS: dict[str, float] = {
+    # 5-fold cross-validation over dev + heldout (grid 0-0.5 by 0.1): see policy.py.
+    "minilm": 0.10,
+}
+"""Embedder artefact name -> the frame similarity that counts as one attribute
+(``Policy.attribute_similarity``); a cosine means something only for the model that made it."""
+
+
+def for_embedder(policy: Policy, model: str | None) -> Policy:
+    """``policy`` with ``model``'s attribute-identity bar, when the table has it."""
+    found = EMBEDDER_THRESHOLDS.get(model or "")
+    return policy if found is None else replace(policy, attribute_similarity=found)

@@ -38,6 +38,8 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
             overlap.claims(ref.text, fact.text).partial
             or (old is not None and new is not None and claims.partial(old, new))
         ),
+        subject=hit.subject,
+        attribute=hit.attribute,
         restated=old is not None
         and new is not None
         and claims.restates(old, new, policy.restate_coverage),

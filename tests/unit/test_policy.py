@@ -17,6 +17,7 @@ from engine.gate.policy import (
 
 
 def ev(mid: str, sim: float, contra: float | None = 0.0, **kw: object) -> Evidence:
+    kw.setdefault("attribute", 1.0)  # same attribute proven: these tests are about the rest
     return Evidence(memory_id=mid, text=f"memory {mid}", similarity=sim, contradiction=contra, **kw)  # type: ignore[arg-type]
 
 

@@ -1,0 +1,61 @@
+"""The attribute a text speaks of, as words: the text less its shared subject and its values.
+
+"Keiko has lived in Kobe since 2019." and "Keiko lives in Osaka." share the subject Keiko; what
+is left once the subject, the values (numbers, dates, amounts, proper names outside the subject)
+and the function words are taken out is "live" and "live": the attribute. "Maya is allergic to
+peanuts" leaves "allergic peanut" and "Maya follows a vegan diet" leaves "follow vegan diet":
+another attribute of the same person. The embedder judges how close two frames are
+(:mod:`engine.gate.identify`); here only spaCy's parse is read, no word list.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from engine.gate.claims.claim import claim
+from engine.gate.claims.nlp import parse
+
+__all__ = ["frame", "shared_subject", "subject_relation"]
+
+_KEEP_POS = frozenset({"NOUN", "VERB", "ADJ", "PROPN"})
+
+
+def shared_subject(a: str, b: str) -> frozenset[str]:
+    """Lemmas both texts' subject phrases hold."""
+    return claim(a).subject & claim(b).subject
+
+
+def subject_relation(a: str, b: str) -> str:
+    """``shared`` (a word of one subject occurs in the other text: "the ops account has 2FA"
+    and "2FA is enabled on the ops account" share it), ``disjoint`` (both name a subject, and
+    neither's words occur in the other text) or ``unknown`` (one text has no subject: an
+    instruction, a fragment)."""
+    ca, cb = claim(a), claim(b)
+    if not ca.subject or not cb.subject:
+        return "unknown"
+    wa, wb = ca.subject | ca.content, cb.subject | cb.content
+    return "shared" if ca.subject & wb or cb.subject & wa else "disjoint"
+
+
+def _value(tok: Any, subject_ids: set[int]) -> bool:
+    if tok.like_num or any(ch.isdigit() for ch in tok.text):
+        return True
+    return bool(tok.pos_ == "PROPN" and tok.i not in subject_ids)
+
+
+@lru_cache(maxsize=65536)
+def frame(text: str, drop: frozenset[str]) -> str:
+    """``text``'s content lemmas (nouns, verbs, adjectives; spaCy's stop words out) less
+    ``drop`` (the shared subject) and the values."""
+    doc = parse(text)
+    subject_ids = {t.i for tok in doc if tok.dep_ in ("nsubj", "nsubjpass") for t in tok.subtree}
+    words = [
+        str(tok.lemma_).lower()
+        for tok in doc
+        if tok.pos_ in _KEEP_POS
+        and not tok.is_stop
+        and not _value(tok, subject_ids)
+        and str(tok.lemma_).lower() not in drop
+    ]
+    return " ".join(words)

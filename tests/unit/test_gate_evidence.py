@@ -1,0 +1,146 @@
+"""Strict means safe: the attribute evidence (``identify``) and the rule that needs it.
+
+spaCy parses (claims), the fake embedder stands in for MiniLM; no NLI model."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.gate.claims.frame import frame, shared_subject, subject_relation
+from engine.gate.identify import identify
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
+from engine.gate.probe import Hit, Probe, Ref
+from engine.gate.thresholds import for_embedder
+from engine.runtime.fake import FakeEmbedder
+from engine.types import Fact
+
+
+def test_frame_drops_the_shared_subject_the_values_and_function_words() -> None:
+    a, b = "Keiko has lived in Kobe since 2019.", "Keiko lives in Osaka."
+    drop = shared_subject(a, b)
+    assert "keiko" in drop
+    assert frame(a, drop) == frame(b, drop) == "live"
+
+
+def test_frames_of_two_attributes_of_one_subject_differ() -> None:
+    a, b = "Maya is allergic to peanuts.", "Maya follows a vegan diet."
+    drop = shared_subject(a, b)
+    fa, fb = frame(a, drop), frame(b, drop)
+    assert fa and fb and not set(fa.split()) & set(fb.split())
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "want"),
+    [
+        ("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "shared"),
+        # passive and active: the subject of one is the other's object
+        (
+            "The shared ops account no longer has 2FA turned on.",
+            "Two-factor authentication is enabled on the shared ops account.",
+            "shared",
+        ),
+        ("Leo plays the cello.", "Clara lives in Graz.", "disjoint"),
+        ("Use metric units.", "Keiko lives in Osaka.", "unknown"),
+    ],
+)
+def test_subject_relation(a: str, b: str, want: str) -> None:
+    assert subject_relation(a, b) == want
+
+
+def _probe(text: str, *memories: str) -> Probe:
+    p = Probe(index=0, fact=Fact(namespace="ns", text=text), checked=True)
+    p.hits = [
+        Hit(ref=Ref(f"m{i}", m, None, None, rowid=i), similarity=0.9, rank=i)
+        for i, m in enumerate(memories)
+    ]
+    return p
+
+
+def test_identify_batches_frames_in_one_embedder_call() -> None:
+    emb = FakeEmbedder()
+    probes = [
+        _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea."),
+        _probe("Maya is allergic to peanuts.", "Maya follows a vegan diet."),
+    ]
+    n = identify(probes, emb, STRICT)
+    assert len(emb.calls) == 1 and n == len(emb.calls[0])
+    same, other = probes[0].hits
+    assert same.attribute == pytest.approx(1.0) and same.subject == "shared"
+    assert other.attribute is not None and other.attribute < 0.5
+    assert probes[1].hits[0].attribute is not None and probes[1].hits[0].attribute < 0.5
+
+
+def test_only_values_left_is_one_attribute() -> None:
+    p = _probe(
+        "Stonebridge's compliance officer is Amos Reyes.",
+        "Stonebridge's compliance officer is Maud Ellery.",
+    )
+    identify([p], FakeEmbedder(), STRICT)
+    assert p.hits[0].attribute == 1.0
+
+
+def test_below_the_floor_and_unchecked_facts_are_not_read() -> None:
+    p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.")
+    p.hits[0].similarity = 0.1
+    q = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.")
+    q.checked = False
+    emb = FakeEmbedder()
+    assert identify([p, q], emb, STRICT) == 0 and emb.calls == []
+    assert p.hits[0].attribute is None and q.hits[0].subject == ""
+
+
+def conflict(**kw: object) -> Evidence:
+    return Evidence(
+        memory_id="m",
+        text="memory",
+        similarity=0.9,
+        contradiction=0.99,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_strict_adds_without_attribute_evidence() -> None:
+    v = decide([conflict(attribute=0.05, subject="shared")], STRICT)
+    assert (v.action, v.rule) == ("add", "unproven")
+    assert v.candidates[0].reason.startswith("unproven:attribute:0.05<")
+    v = decide([conflict(attribute=None)], STRICT)
+    assert v.candidates[0].reason == "unproven:attribute_unmeasured"
+    v = decide([conflict(attribute=0.9, subject="disjoint")], STRICT)
+    assert v.candidates[0].reason == "unproven:subject_disjoint"
+
+
+def test_strict_replaces_with_evidence_and_a_key_match_is_evidence() -> None:
+    v = decide([conflict(attribute=0.9, subject="shared")], STRICT)
+    assert v.action == "replace" and v.candidates[0].attribute == pytest.approx(0.9)
+    assert decide([conflict(attribute=None, key_match=True)], STRICT).action == "replace"
+
+
+def test_review_queues_every_conflict_whatever_the_evidence() -> None:
+    assert decide([conflict(attribute=None)], REVIEW).action == "review"
+    # review-uncertain replaces unattended only what strict could prove
+    assert decide([conflict(attribute=None)], REVIEW_UNCERTAIN).action == "review"
+    assert decide([conflict(attribute=0.9)], REVIEW_UNCERTAIN).action == "replace"
+
+
+def test_evidence_off_restores_the_plain_rule() -> None:
+    off = STRICT.with_overrides({"evidence": False})
+    assert decide([conflict(attribute=None)], off).action == "replace"
+
+
+def test_the_bar_belongs_to_the_embedder() -> None:
+    assert for_embedder(STRICT, "minilm").attribute_similarity == 0.10
+    assert for_embedder(STRICT, "someone-elses-model") is STRICT
+
+
+def test_a_near_rival_with_the_closer_frame_makes_the_target_ambiguous() -> None:
+    # "Walter's evening dose went up": the morning dose is a hair more similar as a sentence,
+    # the evening dose (matching key) speaks of the attribute more closely
+    morning = Evidence("am", "am", 0.922, contradiction=0.98, attribute=0.86, subject="shared")
+    evening = Evidence(
+        "pm", "pm", 0.920, contradiction=0.99, attribute=0.93, subject="shared", key_match=True
+    )
+    v = decide([morning, evening], STRICT)
+    assert (v.action, v.rule) == ("review", "ambiguous_target")
+    # a rival whose frame is farther does not: the most similar proven candidate is replaced
+    farther = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.5, key_match=True)
+    assert decide([morning, farther], STRICT).action == "replace"
