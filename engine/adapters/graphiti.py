@@ -55,16 +55,12 @@ from engine.adapters._common import missing_extra
 from engine.adapters._engine import LocalEngine, as_gate_engine, load_local_models
 from engine.errors import InvalidInput
 from engine.gate import keys as keymod
-from engine.gate.decide import decide
 from engine.gate.embed import embed
-from engine.gate.gate import GateSettings, validate_fact
+from engine.gate.gate import GateSettings, decide_recalled, policy_for, validate_fact
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder
 from engine.gate.probe import Hit, Ref
-from engine.gate.relate import relate
-from engine.gate.score import score
-from engine.gate.thresholds import for_model
 from engine.types import Decision, Fact
 
 try:
@@ -205,7 +201,7 @@ class GatedLLMClient(LLMClient):
         self.on_decision = on_decision
         self.decisions: deque[Invalidation] = deque(maxlen=self.settings.keep_decisions)
         """The most recent records, oldest first."""
-        self._policy = for_model(policy_by_name(self.settings.policy), _model_name(nli))
+        self._policy = policy_for(self.settings.policy, nli, embedder)
         self._policy = self._policy.with_overrides(dict(self.settings.overrides))
         self._lock = threading.Lock()
         self._judging = threading.Lock()
@@ -311,7 +307,7 @@ def judge(
     ids: Sequence[str] | None = None,
 ) -> Decision:
     """The gate's decision for ``text`` against ``facts`` as the only memories: the steps of
-    :meth:`engine.gate.gate.Gate.triage` (plan, embed, relate, score, weigh, decide) with the
+    :meth:`engine.gate.gate.Gate.triage` (plan, embed, then :func:`decide_recalled`) with the
     facts in place of a recall, and no store. ``ids`` name the facts in the decision
     (default ``"0"``, ``"1"`` ...); like recall, the ``policy.top_k`` most similar are kept."""
     if ids is None:
@@ -333,9 +329,7 @@ def judge(
             Hit(Ref(ids[i], facts[i], None, _key_str(facts[i])), sims[i], rank)
             for rank, i in enumerate(order)
         ]
-    relate([probe], policy, has_entailment=nli.entailment_index is not None)
-    score([probe], nli, policy)
-    [decision] = decide([probe], policy, lambda namespace, key: None)
+    [decision], _ = decide_recalled([probe], embedder, nli, policy, lambda namespace, key: None)
     return decision
 
 
@@ -413,8 +407,3 @@ def _literal_list(block: str, name: str) -> list[dict[str, Any]]:
 def _key_str(text: str) -> str | None:
     key = keymod.infer_key(text)
     return None if key is None else str(key)
-
-
-def _model_name(model: object) -> str | None:
-    name = getattr(getattr(model, "manifest", None), "name", None)
-    return name if isinstance(name, str) else None

@@ -23,12 +23,13 @@ import numpy as np
 from engine.errors import InvalidInput
 from engine.gate import keys as keymod
 from engine.gate.commit import commit
-from engine.gate.decide import decide
+from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
 from engine.gate.identify import identify
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
+from engine.gate.probe import Probe
 from engine.gate.recall import recall
 from engine.gate.relate import relate
 from engine.gate.score import score
@@ -38,7 +39,15 @@ from engine.store.base import Resolution, ReviewResolution
 from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem
 from engine.validation import is_namespace
 
-__all__ = ["EmbedderLike", "Gate", "GateSettings", "NLILike", "TriageResult"]
+__all__ = [
+    "EmbedderLike",
+    "Gate",
+    "GateSettings",
+    "NLILike",
+    "TriageResult",
+    "decide_recalled",
+    "policy_for",
+]
 
 EmbedderLike = Embedder
 """Former name of :class:`engine.gate.ports.Embedder`."""
@@ -141,12 +150,7 @@ class Gate(Generic[S, X]):
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        if isinstance(policy, str):
-            pol = for_model(policy_by_name(policy), _model_name(self.nli))
-            pol = for_embedder(pol, _model_name(self.embedder))
-        else:
-            pol = policy
-        pol = pol.with_overrides(overrides)
+        pol = policy_for(policy, self.nli, self.embedder).with_overrides(overrides)
         if len(facts) > self.settings.max_batch:
             raise InvalidInput(
                 f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}"
@@ -242,16 +246,9 @@ class Gate(Generic[S, X]):
         t0 = time.perf_counter()
         recall(probes, self.store, self.index, pol.top_k)
         timings["search"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        identify(probes, self.embedder, pol)
-        timings["identify"] = time.perf_counter() - t0
-        relate(probes, pol, has_entailment=self.nli.entailment_index is not None)
-        t0 = time.perf_counter()
-        pairs = score(probes, self.nli, pol)
-        timings["nli"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        decisions = decide(probes, pol, self.store.active_by_key)
-        timings["decide"] = time.perf_counter() - t0
+        decisions, pairs = decide_recalled(
+            probes, self.embedder, self.nli, pol, self.store.active_by_key, timings
+        )
         if apply:
             t0 = time.perf_counter()
             decisions = commit(self.store, self.index, decisions, vectors, pol.name)
@@ -347,6 +344,41 @@ class Gate(Generic[S, X]):
         ]
         with self.namespaces_locked({f.namespace for f in facts}):
             return commit(self.store, self.index, decisions, vectors, "ingest")
+
+
+def policy_for(policy: Policy | str, nli: NLILike, embedder: EmbedderLike) -> Policy:
+    """A named policy with the thresholds of these models (:mod:`engine.gate.thresholds`); a
+    :class:`Policy` object is taken as it is."""
+    if not isinstance(policy, str):
+        return policy
+    pol = for_model(policy_by_name(policy), _model_name(nli))
+    return for_embedder(pol, _model_name(embedder))
+
+
+def decide_recalled(
+    probes: Sequence[Probe],
+    embedder: Embedder,
+    nli: NLI,
+    pol: Policy,
+    active_by_key: ActiveByKey,
+    timings: dict[str, float] | None = None,
+) -> tuple[list[Decision], int]:
+    """identify -> relate -> score -> weigh / decide, over probes whose hits are recalled:
+    the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
+    ``identify``, ``nli`` and ``decide`` seconds. :meth:`Gate.triage` and callers that bring
+    their own candidates (:func:`engine.adapters.graphiti.judge`) share this sequence."""
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
+    identify(probes, embedder, pol)
+    timings["identify"] = time.perf_counter() - t0
+    relate(probes, pol, has_entailment=nli.entailment_index is not None)
+    t0 = time.perf_counter()
+    pairs = score(probes, nli, pol)
+    timings["nli"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    decisions = decide(probes, pol, active_by_key)
+    timings["decide"] = time.perf_counter() - t0
+    return decisions, pairs
 
 
 def _key_str(key: keymod.AttributeKey | None) -> str | None:
