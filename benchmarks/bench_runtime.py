@@ -763,6 +763,13 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or rounds
     seconds = args.slice or seconds
     cache = Path(args.cache_dir)
+    # Every other built int8 route of the NLI model (static int8 beside the default), same run.
+    routes = [
+        p.name
+        for p in sorted((cache / "models" / "nli-deberta-v3-small").glob("int8-*"))
+        if (p / "manifest.json").is_file() and not gpu
+    ]
+    nli_variants += tuple((f"ort {v} (all)", v, "all") for v in routes)
     corpus = Corpus(args.seed)
     texts = corpus.sentences(pool_n, salt=1)
     pairs = corpus.pairs(pool_n, salt=3)
@@ -1092,6 +1099,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"\n(d) quantisation settings: {quant_res['note'] or quant_res['variants']}")
+    result["int8_routes"] = {}
+    for v in routes:
+        name = f"ort {v} (all)"
+        per_size = {
+            str(b): round_ratios(nli_points[name][b], nli_points[low_nli][b])
+            for b in sizes
+            if nli_points[name][b].rates and nli_points[low_nli][b].rates
+        }
+        result["int8_routes"][v] = {"vs": low_nli, "per_batch": per_size}
+        cells = [
+            f"batch {b} {rr['median']:.2f}x [{rr['min']:.2f}-{rr['max']:.2f}]"
+            for b, rr in per_size.items()
+            if rr
+        ]
+        print(f"    {v} / int8 (same rounds): " + ", ".join(cells))
     d = drift_res
     ja, jt = d["jaccard_all_above_floor"], d["jaccard_top20_above_floor"]
     print()

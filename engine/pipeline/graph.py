@@ -24,6 +24,8 @@ __all__ = [
     "OPTIMIZABLE_TYPES",
     "blockwise_int8",
     "rowwise_int8",
+    "static_int8",
+    "weight_matmuls",
     "dequantize",
     "quiet",
     "detect_isa",
@@ -319,6 +321,100 @@ def rowwise_int8(
         "activations": "uint8 per row, symmetric (zero point 128); no scale shared between rows",
         **counts,
         "dynamic_length": dynamic_length,
+    }
+
+
+def weight_matmuls(path: Path) -> list[str]:
+    """Names of the MatMul nodes whose second input is a constant fp32 ``[K, N]`` weight (the
+    projections and FFN layers; the attention products of two activations are not listed)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    inits = {i.name: i for i in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        w = numpy_helper.to_array(inits[node.input[1]])
+        if w.dtype == np.float32 and w.ndim == 2:
+            if not node.name:
+                raise ModelError(f"{path.name}: a weight MatMul has no name to quantise it by")
+            names.append(node.name)
+    return names
+
+
+def static_int8(
+    model_in: Path,
+    model_out: Path,
+    calibration: Sequence[dict[str, Any]],
+    *,
+    source: str,
+    method: str = "MinMax",
+) -> dict[str, Any]:
+    """Static int8 (QDQ) of every constant-weight MatMul of an fp32 graph: weights int8 per
+    column (symmetric), activations uint8 with one scale and zero point per tensor *calibrated
+    once* on ``calibration`` (feeds of one item each) and then fixed, so no row's result depends
+    on its batch-mates. Outputs stay fp32 (``OpTypesToExcludeOutputQuantization``), which lets
+    ONNX Runtime fuse each ``DequantizeLinear -> MatMul`` into ``MatMulIntegerToFloat``, the
+    same u8 x s8 kernel as dynamic int8. ``source`` (where the calibration items came from) is
+    recorded in the returned settings."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    if not calibration:
+        raise ModelError("static int8 needs at least one calibration item")
+    import onnx
+
+    nodes = weight_matmuls(model_in)
+    wanted = {i.name for i in onnx.load(str(model_in), load_external_data=False).graph.input}
+    if not nodes:
+        raise ModelError(f"{model_in.name} has no MatMul with a constant weight to quantise")
+
+    class _Reader(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._items = iter([{k: v for k, v in f.items() if k in wanted} for f in calibration])
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self._items, None)
+
+    with quiet():
+        try:
+            quantize_static(
+                str(model_in),
+                str(model_out),
+                _Reader(),
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_quantize=nodes,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=getattr(CalibrationMethod, method),
+                extra_options={
+                    "WeightSymmetric": True,
+                    "ActivationSymmetric": False,
+                    "MatMulConstBOnly": True,
+                    "OpTypesToExcludeOutputQuantization": ["MatMul"],
+                },
+            )
+        except Exception as exc:  # onnxruntime.quantization raises untyped errors
+            raise ModelError(f"static int8 quantisation of {model_in.name} failed: {exc}") from exc
+    return {
+        "method": "static",
+        "tool": "onnxruntime.quantization.quantize_static (QDQ -> MatMulIntegerToFloat)",
+        "bits": 8,
+        "per_channel": True,
+        "weight_type": "QInt8 symmetric, per column",
+        "activations": "QUInt8, one calibrated scale per tensor, fixed: none depends on a batch",
+        "calibration": {"method": method, "items": len(calibration), "source": source},
+        "weights_requantised": len(nodes),
     }
 
 

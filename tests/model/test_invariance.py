@@ -38,13 +38,31 @@ def _pairs(path: Path) -> list[tuple[str, str]]:
     return out[:LIMIT]
 
 
-@pytest.mark.parametrize("name", ["aegis-nli", "nli-deberta-v3-small"])
+ROUTES = [
+    (name, variant)
+    for name in ("aegis-nli", "nli-deberta-v3-small")
+    for variant in ("int8", "int8-static")
+]
+"""The default int8 route and the static one (calibrated activation scales, built by
+``engine.pipeline.build.build_static``; skipped where that variant is not built)."""
+
+
+@pytest.mark.parametrize(("name", "variant"), ROUTES)
 @pytest.mark.parametrize("pair_set", sorted(SETS))
-def test_batched_scores_match_scores_alone(cache_dir: Path, name: str, pair_set: str) -> None:
+def test_batched_scores_match_scores_alone(
+    cache_dir: Path, name: str, variant: str, pair_set: str
+) -> None:
     if not SETS[pair_set].is_file():
         pytest.skip(f"{SETS[pair_set]} is not on this machine")
-    manifest = resolve_nli(cache_dir, ModelChoice(nli=name, allow_random_weights=True), "cpu")
-    assert manifest.variant == "int8" and batch_invariant(manifest), manifest.describe()
+    if (
+        variant != "int8"
+        and not (cache_dir / "models" / name / variant / "manifest.json").is_file()
+    ):
+        pytest.skip(f"{name}/{variant} is not built in {cache_dir}")
+    choice = ModelChoice(nli=name, nli_variant=variant, allow_random_weights=True)
+    manifest = resolve_nli(cache_dir, choice, "cpu")
+    assert manifest.variant == variant and batch_invariant(manifest), manifest.describe()
+    assert manifest.extra["quantization"]["method"] in ("blockwise", "static")
     pairs = _pairs(SETS[pair_set])
     alone = NLIScorer(manifest, batching=BatchSettings(max_batch=1)).contradiction(pairs)
     rng = np.random.default_rng(0)

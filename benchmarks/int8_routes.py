@@ -1,0 +1,94 @@
+"""NLI int8 routes in one run: blockwise (``int8``) vs static (``int8-static``) vs ONNX fp32 vs
+the careful PyTorch fp32 baseline, with bench_runtime's engines and interleaved sweep, batch
+1 / 8 / 32 (no 128: on a loaded 2-core machine one fp32 call at 128 takes over a minute).
+
+    python benchmarks/int8_routes.py --cache-dir $MEMGATE_HOME --rounds 3 --slice 0.4
+
+Prints pairs/s and each per-round ratio (median [min-max]) against PyTorch and against
+blockwise; writes the figures as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import bench_runtime as br  # noqa: E402
+
+ROUTES = (
+    ("ort fp32 (all)", "fp32"),
+    ("ort int8 (all)", "int8"),
+    ("ort int8-static (all)", "int8-static"),
+)
+SIZES = (1, 8, 32)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(os.environ.get("MEMGATE_HOME", "~/.cache/memgate")).expanduser(),
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--slice", type=float, default=0.4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    pairs = br.Corpus(0).pairs(512, salt=3)
+    scorers: dict[str, Any] = {}
+    engines = []
+    for label, variant in ROUTES:
+
+        def build(variant: str = variant, label: str = label) -> Any:
+            scorers[label] = br.ort_nli(args.cache_dir, variant, args.threads, max(SIZES))
+            return lambda items, _b, label=label: scorers[label].score(items)
+
+        engines.append(br.load(label, "ort", build, pairs[: max(SIZES)]))
+    work = Path(tempfile.mkdtemp(prefix="memgate-routes-"))
+
+    def build_ce() -> Any:
+        ce, _ = br.torch_cross_encoder(work, device="cpu")
+        return br.careful_cross_encoder(ce, args.threads)
+
+    engines.append(br.load(br.TORCH, "torch", build_ce, pairs[: max(SIZES)]))
+    points = br.sweep(engines, pairs, SIZES, args.rounds, args.slice, "NLI routes")
+    out: dict[str, Any] = {"load_at_end": os.getloadavg()}
+
+    def fmt(r: dict[str, Any] | None) -> str:
+        return f"{r['median']:.2f}x [{r['min']:.2f}-{r['max']:.2f}]" if r else "-"
+
+    for name, by_size in points.items():
+        for b in SIZES:
+            p = by_size[b]
+            vs_torch = br.round_ratios(p, points[br.TORCH][b])
+            vs_block = br.round_ratios(p, points["ort int8 (all)"][b])
+            out[f"{name} batch {b}"] = {
+                "pairs_per_s": p.rate,
+                "rounds": p.rates,
+                "vs_pytorch": vs_torch,
+                "vs_blockwise": vs_block,
+            }
+            print(
+                f"{name:<24} batch {b:>2}: {p.rate or 0:7.2f} pairs/s  "
+                f"vs PyTorch {fmt(vs_torch)}  vs blockwise {fmt(vs_block)}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
