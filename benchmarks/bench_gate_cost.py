@@ -157,6 +157,7 @@ def worker(args: argparse.Namespace) -> int:
                 runs["uncached"].append(
                     {
                         "s_per_fact": p.seconds / p.facts,
+                        "cpu_s_per_fact": p.cpu_seconds / p.facts,
                         "spacy_s_per_fact": (clock.seconds - s0) / p.facts,
                         "spacy_calls_per_fact": (clock.calls - c0) / p.facts,
                         "phases_s": dict(p.phases),
@@ -165,7 +166,9 @@ def worker(args: argparse.Namespace) -> int:
                     }
                 )
                 p = memgate_pass(gate, facts, args.batch)
-                runs["cached"].append({"s_per_fact": p.seconds / p.facts})
+                runs["cached"].append(
+                    {"s_per_fact": p.seconds / p.facts, "cpu_s_per_fact": p.cpu_seconds / p.facts}
+                )
             rec[key] = runs
         out["sizes"][str(n)] = rec
         store.close()
@@ -264,6 +267,18 @@ def summarise(
                     )
                 ]
                 row[f"ratio_{mode}"] = spread(ratios)
+                cpu = {
+                    sd: [
+                        statistics.median(
+                            p["cpu_s_per_fact"] for p in r[sd]["sizes"][n][model][mode]
+                        )
+                        for r in rounds
+                    ]
+                    for sd in SIDES
+                }
+                row[f"ratio_{mode}_cpu"] = spread(
+                    [a / b for a, b in zip(cpu["new"], cpu["old"], strict=True)]
+                )
             new_runs = [p for r in rounds for p in r["new"]["sizes"][n][model]["uncached"]]
             spacy = statistics.median(p["spacy_s_per_fact"] for p in new_runs)
             new_unc = statistics.median(per_round["new_uncached"])
@@ -441,7 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         table(
-            ["N", "NLI", "old ms/fact", "new ms/fact", "new / old", "met", "spaCy", "pairs o/n"],
+            [
+                "N",
+                "NLI",
+                "old ms/fact",
+                "new ms/fact",
+                "new / old",
+                "met",
+                "CPU new / old",
+                "spaCy",
+                "pairs o/n",
+            ],
             [
                 [
                     f"{r['memories']:,}",
@@ -450,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                     cell(r, "new_uncached_ms"),
                     ratio(r, "ratio_uncached"),
                     "yes" if r["met"] else "NO",
+                    ratio(r, "ratio_uncached_cpu"),
                     f"{r['parser']['spacy_ms_per_fact']:.1f} ms ({r['parser']['spacy_share']:.0%})",
                     "{old:.1f} / {new:.1f}".format(**r["pairs_per_fact"]),
                 ]
@@ -479,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(
-        "  spaCy = time inside spaCy's Language.__call__ in the new tree's uncached passes "
+        "  CPU new / old = the same ratio on the process's CPU time (less sensitive to other "
+        "processes on a shared machine);\n  spaCy = time inside spaCy's Language.__call__ in "
+        "the new tree's uncached passes "
         "(share of its per-fact time);\n  caches save = new uncached - new cached (spaCy plus "
         "claim extraction and canonicalisation)."
     )

@@ -18,14 +18,17 @@ import bench_gate  # noqa: E402
 import bench_gate_cost as cost  # noqa: E402
 
 
-def side(s_per_fact: float, spacy: float = 0.0) -> dict[str, Any]:
+def side(s_per_fact: float, spacy: float = 0.0, cpu: float | None = None) -> dict[str, Any]:
+    cpu = s_per_fact * 2 if cpu is None else cpu
     run = {
         "s_per_fact": s_per_fact,
+        "cpu_s_per_fact": cpu,
         "spacy_s_per_fact": spacy,
         "spacy_calls_per_fact": 2.0,
         "pairs_per_fact": 3.0,
     }
-    per = {"uncached": [run], "cached": [{"s_per_fact": s_per_fact / 2}]}
+    cached = {"s_per_fact": s_per_fact / 2, "cpu_s_per_fact": cpu / 2}
+    per = {"uncached": [run], "cached": [cached]}
     return {"sizes": {"1000": {"aegis": per}}}
 
 
@@ -33,7 +36,7 @@ def test_summary_takes_the_median_of_per_round_ratios() -> None:
     rounds = [
         {"old": side(0.010), "new": side(0.012, spacy=0.003)},  # 1.2x
         {"old": side(0.020), "new": side(0.030, spacy=0.003)},  # 1.5x
-        {"old": side(0.010), "new": side(0.011, spacy=0.003)},  # 1.1x
+        {"old": side(0.010), "new": side(0.011, spacy=0.003, cpu=0.040)},  # 1.1x; CPU 2x
     ]
     (row,) = cost.summarise(rounds, ["1000"], ["aegis"])
     assert row["ratio_uncached"]["median"] == pytest.approx(1.2)
@@ -42,6 +45,8 @@ def test_summary_takes_the_median_of_per_round_ratios() -> None:
     assert row["old_uncached_ms"]["median"] == pytest.approx(10.0)
     assert row["new_uncached_ms"]["max"] == pytest.approx(30.0)
     assert row["met"]  # 1.2 <= 1.3
+    assert row["ratio_uncached_cpu"]["median"] == pytest.approx(1.5)  # 1.2, 1.5, 2.0
+    assert row["ratio_uncached_cpu"]["max"] == pytest.approx(2.0)
     assert row["parser"]["spacy_ms_per_fact"] == pytest.approx(3.0)
     assert row["parser"]["spacy_share"] == pytest.approx(0.25)  # 3 ms of the 12 ms median
     assert row["parser"]["uncached_minus_cached_ms"] == pytest.approx(6.0)
