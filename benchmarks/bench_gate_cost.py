@@ -328,9 +328,12 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> bool:
             [r[key]["max"] - r[key]["median"] for r in rows],
         ]
         ax.bar(xs, med, width, yerr=err, capsize=3, label=label, color=colour)
+    highest = 0.0
     for j, r in enumerate(rows):
         top = max(r[k]["max"] for _, k, _ in series)
+        highest = max(highest, top)
         ax.text(j, top * 1.04, f"{r['ratio_uncached']['median']:.2f}x", ha="center", fontsize=9)
+    ax.set_ylim(0, highest * 1.15)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("ms per fact (median over rounds, min-max bars)")
