@@ -104,7 +104,7 @@ class SpacyClock:
                 clock.seconds += time.perf_counter() - t0
                 clock.calls += 1
 
-        Language.__call__ = timed  # type: ignore[method-assign]
+        Language.__call__ = timed  # type: ignore[method-assign,assignment]
         self._installed = True
 
 
