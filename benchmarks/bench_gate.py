@@ -97,6 +97,14 @@ class Scenario:
         return [f"bench/t{self.per_namespace}-{i:05d}" for i in range(self.namespaces)]
 
 
+def scenario_key(s: Scenario) -> str:
+    """Short key of a scenario for ``--scenarios``: ``100k`` (one namespace), ``10000x100``."""
+    if s.namespaces == 1:
+        n = s.per_namespace
+        return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    return f"{s.namespaces}x{s.per_namespace}"
+
+
 @dataclass
 class Pass:
     """One pass of M facts through one system."""
@@ -371,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ingest-chunk", type=int, default=1000, help="memories per ingest call")
     parser.add_argument("--seed-n", type=int, default=200, help="memories for the seed's code")
     parser.add_argument("--seed-m", type=int, default=10, help="facts for the seed's code")
+    parser.add_argument(
+        "--scenarios",
+        default=None,
+        help="comma-separated subset of the mode's scenarios by key (full: 1k,10k,100k,10000x100;"
+        " quick: 1k,10k,200x100), e.g. --scenarios 100k to run one long scenario on its own",
+    )
     args = parser.parse_args(argv)
 
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -405,6 +419,13 @@ def main(argv: list[str] | None = None) -> int:
             Scenario("10,000 ns x 100", 10_000, 100),
         ]
         warm = 2
+    if args.scenarios:
+        keyed = {scenario_key(s): s for s in scenarios}
+        wanted = [k.strip() for k in args.scenarios.split(",") if k.strip()]
+        unknown = [k for k in wanted if k not in keyed]
+        if unknown:
+            parser.error(f"--scenarios: unknown {unknown}; this mode has {sorted(keyed)}")
+        scenarios = [keyed[k] for k in wanted]
     warm = args.warm_passes or warm
     cache = Path(args.cache_dir)
     corpus = Corpus(args.seed)
