@@ -112,13 +112,27 @@ def reap_stale(tmp: Path | None = None) -> list[Path]:
     return reaped
 
 
+_LIVE: set[PgCluster] = set()
+"""Clusters of this process not closed yet (what a SIGTERM stops before the process ends)."""
+
+
 def _exit(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    """Stop this process's servers, then end as the signal's default action would.
+
+    Raising SystemExit here instead would be caught as one failing test by a pytest run, which
+    then carries on: SIGTERM must still end the run."""
+    for cluster in list(_LIVE):
+        try:
+            cluster.close()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _exit_on_sigterm() -> None:
-    """SIGTERM (while it has its default action) raises SystemExit instead of ending the
-    process on the spot, so ``finally`` blocks and atexit run and stop the server."""
+    """SIGTERM (while it has its default action) first stops this process's servers, then
+    ends the process as before (see :func:`_exit`)."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -144,6 +158,7 @@ class PgCluster:
         (self.root / "owner.json").write_text(json.dumps({"pid": me, "started": _started(me)}))
         self._closed = False
         atexit.register(self.close)
+        _LIVE.add(self)
         _exit_on_sigterm()
         self.data = self.root / "data"
         self.log = self.root / "server.log"
@@ -229,6 +244,7 @@ class PgCluster:
             return
         self._closed = True
         atexit.unregister(self.close)
+        _LIVE.discard(self)
         deadline = time.monotonic() + 60
         try:
             self.stop("immediate")
