@@ -159,7 +159,7 @@ REVIEW_UNCERTAIN = Policy(
     name="review-uncertain", mode="review", floor=0.45, review_scope="uncertain"
 )
 """Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
-uncertain ones are queued. Over gRPC: policy review with ``review_scope="uncertain"``."""
+uncertain ones are queued. Over gRPC: ``PolicyName.REVIEW_UNCERTAIN``."""
 _POLICIES = {"strict": STRICT, "review": REVIEW, "review-uncertain": REVIEW_UNCERTAIN}
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
