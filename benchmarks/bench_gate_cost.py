@@ -305,12 +305,8 @@ def summarise(
     return rows
 
 
-def plot(path: Path, rows: list[dict[str, Any]], title: str) -> bool:
-    from _common import pyplot
-
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, rows: list[dict[str, Any]], title: str) -> Any:
+    """The per-fact bars of both trees, ratio above each group (for ``save_results``)."""
     fig, ax = plt.subplots(figsize=(10, 4.8))
     labels = [f"N={r['memories']:,}\n{r['model']}" for r in rows]
     width = 0.2
@@ -342,9 +338,7 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> bool:
     ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return worker(args)
 
-    from _common import run_header, shared_machine_note, table, utc_stamp, write_json
+    from _common import run_header, save_results, table, utc_stamp
 
     cache = Path(args.cache_dir)
     old_cache = Path(args.against_cache_dir or cache)
@@ -516,10 +510,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     met = all(r["met"] for r in rows)
     print(f"  target new / old <= {TARGET:g}x at every N and model: {'met' if met else 'NOT met'}")
-    note = shared_machine_note()
-    if note:
-        print(note)
-
     result["revisions"] = {
         "old": old_rev,
         "old_why": why,
@@ -531,16 +521,11 @@ def main(argv: list[str] | None = None) -> int:
     result["rounds"] = rounds
     result["rows"] = rows
     result["target"] = {"ratio": TARGET, "met": met}
-    stamp = utc_stamp()
-    png = Path(args.out) / f"{NAME}-{stamp}.png"
     title = (
         f"{m['cpu']}, {args.threads} threads, M = {args.facts}, old {old_rev[:10]} vs new "
         f"{new_rev[:10]}, {args.rounds} rounds"
     )
-    if plot(png, rows, title):
-        result["plot"] = str(png)
-    path = write_json(Path(args.out), NAME, result, stamp=stamp)
-    print(f"\nwrote {path}" + (f" and {png}" if "plot" in result else ""))
+    save_results(Path(args.out), NAME, result, lambda plt: draw(plt, rows, title))
     return 0
 
 
