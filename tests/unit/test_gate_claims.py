@@ -25,6 +25,13 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("MSKU 448120-3", "MSKU4481203"),
         ("06 12 44 80 19", "0612448019"),
         ("us-east-1", "US-EAST-1"),
+        ("3.4 kg", "3400 g"),
+        ("1.8 m wide", "180 cm wide"),
+        ("90 minutes", "1.5 hours"),
+        ("two weeks", "14 days"),
+        ("4.850 €", "€4,850.00"),
+        ("020 7946 0112", "+44 20 7946 0112"),
+        ("INV-2291 (4.850 €)", "invoice INV 2291 for 4850 euros"),
     ],
 )
 def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None:
@@ -40,6 +47,10 @@ def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None
         ("17:20", "16:40"),
         ("INV-22913", "INV-22914"),
         ("three nodes", "five nodes"),
+        ("1.8 m wide", "$1.8m"),
+        ("3.4 kg", "3.4 lb"),
+        ("020 7946 0112", "020 7946 0113"),
+        ("INV-2291", "INV-2219"),
     ],
 )
 def test_different_values_differ(a: str, b: str) -> None:

@@ -81,6 +81,13 @@ def test_a_much_less_similar_conflict_is_dominated_by_the_fact_s_real_subject() 
     assert (v.action, v.rule) == ("add", "dominated")
 
 
+def test_a_key_match_does_not_exempt_a_candidate_from_dominance() -> None:
+    v = decide([ev("subject", 0.87, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    assert (v.action, v.rule) == ("add", "dominated")
+    near = decide([ev("subject", 0.77, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    assert (near.action, near.target_id) == ("replace", "backup")
+
+
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
     v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")
