@@ -201,6 +201,10 @@ class Evidence:
     """The memory packs several claims and the new fact leaves some of them standing."""
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
+    new_values: bool = False
+    """The new fact states a canonical value (amount, date, time, weekday, id...) the memory
+    does not: whatever its wording, it is then neither a duplicate of the memory nor contained
+    in it."""
     subject: str = ""
     """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
     attribute: float | None = None
@@ -337,6 +341,8 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
 
 def _is_duplicate(ev: Evidence, policy: Policy) -> bool:
     if ev.similarity < policy.duplicate_similarity or ev.key_conflict or ev.mismatch:
+        return False
+    if ev.new_values:
         return False
     if ev.contradiction is not None and ev.contradiction > policy.duplicate_max_contradiction:
         return False

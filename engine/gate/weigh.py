@@ -20,6 +20,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     near = policy.lexical and hit.similarity >= min(policy.floor, policy.key_match_floor)
     parsed = near and policy.claims
     old, new = (claims.claim(ref.text), claims.claim(fact.text)) if parsed else (None, None)
+    new_values = parsed and bool(claims.values(fact.text) - claims.values(ref.text))
     return Evidence(
         memory_id=memory_id,
         text=ref.text,
@@ -32,7 +33,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         key_match=bool(rel and rel.key_match),
         key_conflict=bool(rel and rel.key_conflict),
         conflict_reason=rel.reason if rel else "",
-        contained=near and overlap.contains(ref.text, fact.text),
+        contained=near and not new_values and overlap.contains(ref.text, fact.text),
         partial=near
         and (
             overlap.claims(ref.text, fact.text).partial
@@ -40,6 +41,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         ),
         subject=hit.subject,
         attribute=hit.attribute,
+        new_values=new_values,
         restated=old is not None
         and new is not None
         and claims.restates(old, new, policy.restate_coverage),

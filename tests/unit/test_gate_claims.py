@@ -62,7 +62,15 @@ def test_a_date_that_reads_both_ways_has_both_readings() -> None:
 
 
 def test_words_that_are_not_values_yield_nothing() -> None:
-    assert values("Maya may call on Monday about the new plan.") == frozenset()
+    assert values("Maya may call about the new plan.") == frozenset()
+    assert values("The sun sat low on Wed evening.") == frozenset()  # lower-case/ambiguous
+
+
+def test_weekdays_and_months_named_alone_are_values() -> None:
+    assert values("Maya may call on Monday.") == {"weekday:1"}
+    assert values("the first Saturday of November") == {"weekday:6", "month:11"}
+    assert values("since May") == {"month:05"} and values("Thursdays") == values("Thu.")
+    assert values("the first Saturday of November") != values("the first Saturday of October")
 
 
 def test_vocabulary_tables_are_consistent() -> None:

@@ -28,8 +28,12 @@ def coverage(words: frozenset[str], pool: frozenset[str]) -> float:
     return sum(1 for w in words if any(close(w, p) for p in pool)) / len(words)
 
 
+_WEAK = ("num:", "weekday:", "month:")
+"""Values too common to identify a claim alone: a bare number ("Route 14"), a weekday, a month."""
+
+
 def restates(memory: Claim, fact: Claim, min_coverage: float) -> bool:
-    typed = any(not v.startswith("num:") for v in fact.values)
+    typed = any(not v.startswith(_WEAK) for v in fact.values)
     if not typed or not fact.values <= memory.values or fact.negated != memory.negated:
         return False  # a bare number ("Route 14") may be part of a name: too weak alone
     known = memory.content | memory.subject
