@@ -31,8 +31,8 @@ def subject_relation(a: str, b: str) -> str:
     and "2FA is enabled on the ops account" share it), ``disjoint`` (both name a subject, and
     neither's words occur in the other text; or both subjects have possessors, and neither's
     possessors occur in the other's subject: "Paolo's manager" and "Ingrid's manager", but not
-    "Safiya's lessons" and "Amina's daughter Safiya's lessons") or ``unknown`` (one text has no subject: an
-    instruction, a fragment)."""
+    "Safiya's lessons" and "Amina's daughter Safiya's lessons") or ``unknown`` (one text has no
+    subject: an instruction, a fragment)."""
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return "unknown"
