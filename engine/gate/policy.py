@@ -108,6 +108,11 @@ class Policy:
     subject, polarity, typed-value and swapped-name guards of
     :func:`engine.gate.claims.restates` carry the precision."""
 
+    partial_values: int = 2
+    """A memory of which a value-changing fact leaves at least this many values standing
+    ("Staging runs v2.3 on 3 nodes in eu-north-1" -> "staging is on v2.4") is a partial
+    contradiction: review, never replace. 0 turns the value count off."""
+
     evidence: bool = True
     """Strict means safe (issue 12, item 4): replace unattended only with positive evidence
     that memory and fact speak of the same attribute of the same subject (their subjects are not
@@ -137,6 +142,8 @@ class Policy:
         for name in ("ambiguity_margin", "key_ambiguity_margin", "dominance_margin"):
             if not 0.0 <= getattr(self, name) <= 0.5:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 0.5]")
+        if not isinstance(self.partial_values, int) or not 0 <= self.partial_values <= 20:
+            raise InvalidInput(f"policy {self.name}: partial_values must be an int in [0, 20]")
         if not 1 <= self.top_k <= 200:
             raise InvalidInput(f"policy {self.name}: top_k must be in [1, 200], got {self.top_k}")
         if self.review_scope not in ("all", "uncertain"):

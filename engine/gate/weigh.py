@@ -38,6 +38,12 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         and (
             overlap.claims(ref.text, fact.text).partial
             or (old is not None and new is not None and claims.partial(old, new))
+            or (
+                old is not None
+                and new is not None
+                and policy.partial_values > 0
+                and claims.values_left(old.values, new.values) >= policy.partial_values
+            )
         ),
         subject=hit.subject,
         attribute=hit.attribute,

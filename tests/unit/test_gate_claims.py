@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gate.claims import claim, partial, restates, values
+from engine.gate.claims import claim, partial, restates, values, values_left
 from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
 
 
@@ -129,3 +129,23 @@ def test_partial_address_of_a_multi_claim_memory() -> None:
     assert partial(memory, claim("Kaito now works for Sendai City's roads department."))
     assert not partial(memory, claim("Kaito lives in Osaka and works for JR West."))
     assert not partial(claim("Kaito lives in Sendai."), claim("Kaito lives in Osaka."))
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "left"),
+    [
+        ("Staging runs v2.3 on 3 nodes in eu-north-1.", "staging is on v2.4 now", 2),
+        (
+            "Dr Petrov: Tuesday clinic in room 4, Friday clinic in room 9.",
+            "Friday clinic: room 2",
+            2,
+        ),
+        ("Flight SA 218 departs 3 March at 11:40.", "Flight SA 218 now departs at 13:10.", 1),
+        ("The gateway runs on three nodes in us-east-1.", "The gateway runs on three nodes.", 0),
+        ("Rent is £900 a month, due on the 1st.", "Rent is £950 a month.", 1),
+    ],
+)
+def test_values_left_counts_the_memory_values_a_changing_fact_leaves_standing(
+    memory: str, fact: str, left: int
+) -> None:
+    assert values_left(values(memory), values(fact)) == left

@@ -145,6 +145,9 @@ def test_overrides_are_validated() -> None:
         STRICT.with_overrides({"mode": "replace"})
     with pytest.raises(InvalidInput):
         REVIEW.with_overrides({"review_scope": "some"})
+    for bad in (-1, 2.5, 21):
+        with pytest.raises(InvalidInput, match="partial_values"):
+            STRICT.with_overrides({"partial_values": bad})
 
 
 def test_named_policies() -> None:
