@@ -66,6 +66,11 @@ class Policy:
     value_change_similarity: float = 0.85
     """At or above this similarity, a candidate whose numbers the fact changes (£34 -> £39 a
     month) counts as the same attribute, like a matching key."""
+    value_change_contradiction: float = 0.50
+    """The bar for a candidate the fact repeats word for word with values of the same kinds
+    changed (:func:`engine.gate.claims.changes_value`, at ``value_change_similarity``): the
+    change itself is the evidence, so the model need only not see compatibility, and the
+    reverse direction is not asked (one changed number reads the same both ways)."""
     key_match_floor: float = 0.40
     """A candidate whose attribute key matches the new fact's is considered from this similarity."""
     ambiguity_margin: float = 0.02
@@ -134,6 +139,7 @@ class Policy:
             "key_match_floor",
             "auto_floor",
             "value_change_similarity",
+            "value_change_contradiction",
             "restate_coverage",
         )
         for name in unit:
@@ -209,6 +215,8 @@ class Evidence:
     """The memory packs several claims and the new fact leaves some of them standing."""
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
+    value_change: bool = False
+    """The fact is the memory with values of the same kinds changed and nothing else."""
     new_values: bool = False
     """The new fact states a canonical value (amount, date, time, weekday, id...) the memory
     does not: whatever its wording, it is then neither a duplicate of the memory nor contained
@@ -291,14 +299,19 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     forward: list[Evidence] = []  # conflicting one way at least: plausible targets all the same
     for ev in above:
         bar = policy.key_match_contradiction if ev.key_match else policy.contradiction
+        changed = ev.value_change and ev.similarity >= policy.value_change_similarity
+        if changed:
+            bar = min(bar, policy.value_change_contradiction)
         if ev.key_conflict:
             reasons[ev.memory_id] = (False, f"key_conflict:{ev.conflict_reason}")
         elif ev.mismatch:
             reasons[ev.memory_id] = (False, f"mismatch:{ev.mismatch}")
         elif ev.contradiction is None or ev.contradiction <= bar:
             reasons[ev.memory_id] = (False, "low_contradiction")
-        elif ev.reverse_contradiction is not None and ev.reverse_contradiction <= min(
-            bar, policy.reverse_contradiction
+        elif (
+            not changed
+            and ev.reverse_contradiction is not None
+            and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
         ):
             reasons[ev.memory_id] = (False, "one_way_contradiction")
             forward.append(ev)

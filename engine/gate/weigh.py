@@ -48,6 +48,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         subject=hit.subject,
         attribute=hit.attribute,
         new_values=new_values,
+        value_change=old is not None and new is not None and claims.changes_value(old, new),
         restated=old is not None
         and new is not None
         and claims.restates(old, new, policy.restate_coverage),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gate.claims import claim, partial, restates, values, values_left
+from engine.gate.claims import changes_value, claim, partial, restates, values, values_left
 from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
 
 
@@ -149,3 +149,34 @@ def test_values_left_counts_the_memory_values_a_changing_fact_leaves_standing(
     memory: str, fact: str, left: int
 ) -> None:
     assert values_left(values(memory), values(fact)) == left
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "want"),
+    [
+        (
+            "Pemberley's bookkeeping fee is £145 a month.",
+            "Pemberley's bookkeeping fee is £165 a month.",
+            True,
+        ),
+        (
+            "The lease on unit 5B ends on 2026-08-31.",
+            "The unit 5B lease ends September 30th, 2026.",
+            True,
+        ),
+        (
+            "Baby Ezra's feed is 150 ml every three hours.",
+            "Ezra's feed is 180 ml every three hours.",
+            True,
+        ),
+        # another kind of value, a value left standing, a new word, a negation: not a pure change
+        ("The fee is £145 a month.", "The fee is due on 3 May.", False),
+        ("Staging runs v2.3 on 3 nodes.", "Staging runs v2.4.", False),
+        ("Biscuit eats 180 g a day.", "Pepper eats 150 g a day.", False),
+        ("The fee is £145 a month.", "The fee is £145 a month.", False),
+    ],
+)
+def test_changes_value_is_the_same_text_with_values_of_the_same_kind_changed(
+    memory: str, fact: str, want: bool
+) -> None:
+    assert changes_value(claim(memory), claim(fact)) is want

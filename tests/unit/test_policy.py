@@ -88,6 +88,20 @@ def test_a_key_match_does_not_exempt_a_candidate_from_dominance() -> None:
     assert (near.action, near.target_id) == ("replace", "backup")
 
 
+def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction() -> None:
+    weak = ev("fee", 0.97, 0.70, reverse_contradiction=0.20)
+    assert decide([weak], STRICT).action == "add"
+    changed = ev("fee", 0.97, 0.70, reverse_contradiction=0.20, value_change=True)
+    assert (decide([changed], STRICT).action, decide([changed], STRICT).target_id) == (
+        "replace",
+        "fee",
+    )
+    far = ev("fee", 0.80, 0.70, value_change=True)  # below value_change_similarity
+    assert decide([far], STRICT).action == "add"
+    low = ev("fee", 0.97, 0.30, value_change=True, new_values=True)  # model: compatible
+    assert decide([low], STRICT).action == "add"
+
+
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
     v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")

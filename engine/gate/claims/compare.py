@@ -83,3 +83,19 @@ def values_left(memory: frozenset[str], fact: frozenset[str]) -> int:
 def _kind(value: str) -> str:
     head, _, rest = value.partition(":")
     return f"qty:{rest.partition(':')[0]}" if head == "qty" else head
+
+
+def changes_value(memory: Claim, fact: Claim) -> bool:
+    """The fact is the memory with values of the same kinds changed and nothing else: every
+    word of its subject and content is the memory's, each new value takes the place of a
+    memory value of its kind, and no memory value is left standing beside it ("Pemberley's
+    bookkeeping fee is £165 a month" after "... is £145 a month")."""
+    new, old = fact.values - memory.values, memory.values - fact.values
+    if not new or not old or fact.negated != memory.negated:
+        return False
+    if not {_kind(v) for v in new} <= {_kind(v) for v in old}:
+        return False
+    if values_left(memory.values, fact.values) > 0:
+        return False
+    words = fact.subject | fact.content
+    return bool(words) and coverage(words, memory.subject | memory.content) == 1.0
