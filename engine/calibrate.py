@@ -80,9 +80,11 @@ SAFER: dict[str, int] = {
     "ambiguity_margin": 1,
     "key_ambiguity_margin": 1,
     "dominance_margin": -1,
+    "partial_values": -1,
 }
 """+1: a higher value replaces less (safer); -1: a lower one does (a smaller dominance margin
-lets a more similar, non-conflicting memory veto the replacement more often). Fields not listed
+lets a more similar, non-conflicting memory veto the replacement more often; fewer values left
+standing send more multi-value memories to review). Fields not listed
 count higher as safer."""
 
 _NOT_SWEPT = {"name", "mode"}

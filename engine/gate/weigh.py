@@ -20,6 +20,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     near = policy.lexical and hit.similarity >= min(policy.floor, policy.key_match_floor)
     parsed = near and policy.claims
     old, new = (claims.claim(ref.text), claims.claim(fact.text)) if parsed else (None, None)
+    new_values = parsed and bool(claims.values(fact.text) - claims.values(ref.text))
     return Evidence(
         memory_id=memory_id,
         text=ref.text,
@@ -32,14 +33,22 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         key_match=bool(rel and rel.key_match),
         key_conflict=bool(rel and rel.key_conflict),
         conflict_reason=rel.reason if rel else "",
-        contained=near and overlap.contains(ref.text, fact.text),
+        contained=near and not new_values and overlap.contains(ref.text, fact.text),
         partial=near
         and (
             overlap.claims(ref.text, fact.text).partial
             or (old is not None and new is not None and claims.partial(old, new))
+            or (
+                old is not None
+                and new is not None
+                and policy.partial_values > 0
+                and claims.values_left(old.values, new.values) >= policy.partial_values
+            )
         ),
         subject=hit.subject,
         attribute=hit.attribute,
+        new_values=new_values,
+        value_change=old is not None and new is not None and claims.changes_value(old, new),
         restated=old is not None
         and new is not None
         and claims.restates(old, new, policy.restate_coverage),

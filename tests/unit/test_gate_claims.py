@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gate.claims import claim, partial, restates, values
+from engine.gate.claims import changes_value, claim, partial, restates, values, values_left
 from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
 
 
@@ -25,6 +25,13 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("MSKU 448120-3", "MSKU4481203"),
         ("06 12 44 80 19", "0612448019"),
         ("us-east-1", "US-EAST-1"),
+        ("3.4 kg", "3400 g"),
+        ("1.8 m wide", "180 cm wide"),
+        ("90 minutes", "1.5 hours"),
+        ("two weeks", "14 days"),
+        ("4.850 €", "€4,850.00"),
+        ("020 7946 0112", "+44 20 7946 0112"),
+        ("INV-2291 (4.850 €)", "invoice INV 2291 for 4850 euros"),
     ],
 )
 def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None:
@@ -40,6 +47,10 @@ def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None
         ("17:20", "16:40"),
         ("INV-22913", "INV-22914"),
         ("three nodes", "five nodes"),
+        ("1.8 m wide", "$1.8m"),
+        ("3.4 kg", "3.4 lb"),
+        ("020 7946 0112", "020 7946 0113"),
+        ("INV-2291", "INV-2219"),
     ],
 )
 def test_different_values_differ(a: str, b: str) -> None:
@@ -51,7 +62,15 @@ def test_a_date_that_reads_both_ways_has_both_readings() -> None:
 
 
 def test_words_that_are_not_values_yield_nothing() -> None:
-    assert values("Maya may call on Monday about the new plan.") == frozenset()
+    assert values("Maya may call about the new plan.") == frozenset()
+    assert values("The sun sat low on Wed evening.") == frozenset()  # lower-case/ambiguous
+
+
+def test_weekdays_and_months_named_alone_are_values() -> None:
+    assert values("Maya may call on Monday.") == {"weekday:1"}
+    assert values("the first Saturday of November") == {"weekday:6", "month:11"}
+    assert values("since May") == {"month:05"} and values("Thursdays") == values("Thu.")
+    assert values("the first Saturday of November") != values("the first Saturday of October")
 
 
 def test_vocabulary_tables_are_consistent() -> None:
@@ -110,3 +129,54 @@ def test_partial_address_of_a_multi_claim_memory() -> None:
     assert partial(memory, claim("Kaito now works for Sendai City's roads department."))
     assert not partial(memory, claim("Kaito lives in Osaka and works for JR West."))
     assert not partial(claim("Kaito lives in Sendai."), claim("Kaito lives in Osaka."))
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "left"),
+    [
+        ("Staging runs v2.3 on 3 nodes in eu-north-1.", "staging is on v2.4 now", 2),
+        (
+            "Dr Petrov: Tuesday clinic in room 4, Friday clinic in room 9.",
+            "Friday clinic: room 2",
+            2,
+        ),
+        ("Flight SA 218 departs 3 March at 11:40.", "Flight SA 218 now departs at 13:10.", 1),
+        ("The gateway runs on three nodes in us-east-1.", "The gateway runs on three nodes.", 0),
+        ("Rent is £900 a month, due on the 1st.", "Rent is £950 a month.", 1),
+    ],
+)
+def test_values_left_counts_the_memory_values_a_changing_fact_leaves_standing(
+    memory: str, fact: str, left: int
+) -> None:
+    assert values_left(values(memory), values(fact)) == left
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "want"),
+    [
+        (
+            "Pemberley's bookkeeping fee is £145 a month.",
+            "Pemberley's bookkeeping fee is £165 a month.",
+            True,
+        ),
+        (
+            "The lease on unit 5B ends on 2026-08-31.",
+            "The unit 5B lease ends September 30th, 2026.",
+            True,
+        ),
+        (
+            "Baby Ezra's feed is 150 ml every three hours.",
+            "Ezra's feed is 180 ml every three hours.",
+            True,
+        ),
+        # another kind of value, a value left standing, a new word, a negation: not a pure change
+        ("The fee is £145 a month.", "The fee is due on 3 May.", False),
+        ("Staging runs v2.3 on 3 nodes.", "Staging runs v2.4.", False),
+        ("Biscuit eats 180 g a day.", "Pepper eats 150 g a day.", False),
+        ("The fee is £145 a month.", "The fee is £145 a month.", False),
+    ],
+)
+def test_changes_value_is_the_same_text_with_values_of_the_same_kind_changed(
+    memory: str, fact: str, want: bool
+) -> None:
+    assert changes_value(claim(memory), claim(fact)) is want

@@ -41,6 +41,20 @@ def test_frames_of_two_attributes_of_one_subject_differ() -> None:
         ),
         ("Leo plays the cello.", "Clara lives in Graz.", "disjoint"),
         ("Use metric units.", "Keiko lives in Osaka.", "unknown"),
+        # one attribute of two owners, even with the other's name as the value
+        (
+            "Grandad's GP appointment is at 10:40.",
+            "Grandma's GP appointment is at 10:20.",
+            "disjoint",
+        ),
+        ("Paolo Ricci's manager is Sabine Ortiz.", "Ingrid's manager is Paolo Ricci.", "disjoint"),
+        # the owner named in the other subject: the same person
+        (
+            "Safiya's swim lessons moved to Saturdays.",
+            "Amina's daughter Safiya has swimming lessons on Sundays.",
+            "shared",
+        ),
+        ("Harlow's marathon PB is 3:36:50.", "Harlow's marathon PB is 3:41:12.", "shared"),
     ],
 )
 def test_subject_relation(a: str, b: str, want: str) -> None:

@@ -81,6 +81,27 @@ def test_a_much_less_similar_conflict_is_dominated_by_the_fact_s_real_subject() 
     assert (v.action, v.rule) == ("add", "dominated")
 
 
+def test_a_key_match_does_not_exempt_a_candidate_from_dominance() -> None:
+    v = decide([ev("subject", 0.87, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    assert (v.action, v.rule) == ("add", "dominated")
+    near = decide([ev("subject", 0.77, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    assert (near.action, near.target_id) == ("replace", "backup")
+
+
+def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction() -> None:
+    weak = ev("fee", 0.97, 0.70, reverse_contradiction=0.20)
+    assert decide([weak], STRICT).action == "add"
+    changed = ev("fee", 0.97, 0.70, reverse_contradiction=0.20, value_change=True)
+    assert (decide([changed], STRICT).action, decide([changed], STRICT).target_id) == (
+        "replace",
+        "fee",
+    )
+    far = ev("fee", 0.80, 0.70, value_change=True)  # below value_change_similarity
+    assert decide([far], STRICT).action == "add"
+    low = ev("fee", 0.97, 0.30, value_change=True, new_values=True)  # model: compatible
+    assert decide([low], STRICT).action == "add"
+
+
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
     v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")
@@ -138,6 +159,9 @@ def test_overrides_are_validated() -> None:
         STRICT.with_overrides({"mode": "replace"})
     with pytest.raises(InvalidInput):
         REVIEW.with_overrides({"review_scope": "some"})
+    for bad in (-1, 2.5, 21):
+        with pytest.raises(InvalidInput, match="partial_values"):
+            STRICT.with_overrides({"partial_values": bad})
 
 
 def test_named_policies() -> None:

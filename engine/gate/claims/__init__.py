@@ -3,6 +3,6 @@
 
 from engine.gate.claims.canon import values
 from engine.gate.claims.claim import Claim, claim
-from engine.gate.claims.compare import partial, restates
+from engine.gate.claims.compare import changes_value, partial, restates, values_left
 
-__all__ = ["Claim", "claim", "partial", "restates", "values"]
+__all__ = ["Claim", "changes_value", "claim", "partial", "restates", "values", "values_left"]

@@ -2,9 +2,13 @@
 
 "$1,240,000", "1.24 million dollars" and "USD 1.24m" are all ``money:usd:1240000``;
 "31/08/2026" and "August 31, 2026" are both ``date:08-31`` plus ``year:2026``; "twelve
-kilometres" and "12 km" are ``qty:km:12``; "MSKU 448120-3" and "MSKU4481203" are
-``id:msku4481203``; "06 12 44 80 19" and "0612448019" are ``id:0612448019``. Plain numbers are
-``num:<n>``. A day/month date that reads both ways (05/06) yields both readings.
+kilometres" and "12 km" are ``qty:m:12000`` (units with an exact factor are read in their
+dimension's base unit, so "3.4 kg" and "3400 g" agree); "MSKU 448120-3" and "MSKU4481203" are
+``id:msku4481203``; "06 12 44 80 19" and "0612448019" are ``tel:612448019``: a phone
+number written nationally ("020 7946 0112") or internationally ("+44 20 7946 0112") is
+``tel:<its last nine digits>``, and other digit runs are ``id:<digits>``. Plain numbers are
+``num:<n>``. A day/month date that reads both ways (05/06) yields both readings; a month named
+alone is ``month:<mm>``, a weekday ``weekday:<1-7>`` (Monday = 1).
 
 Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
 call" as a date; we only read the formats people write values in.
@@ -16,7 +20,7 @@ import calendar
 import re
 from functools import lru_cache
 
-from engine.gate.claims.vocab import CURRENCIES, MAGNITUDES, NUMBER_WORDS, UNITS
+from engine.gate.claims.vocab import BASE_UNITS, CURRENCIES, MAGNITUDES, NUMBER_WORDS, UNITS
 
 __all__ = ["FORMAT_WORDS", "values"]
 
@@ -40,8 +44,29 @@ _MONTH_DAY = re.compile(
     rf"\b({_MONTH})\.?\s+(\d{{1,2}})(?:st|nd|rd|th)?\b(?:,?\s+(\d{{4}}))?", re.I
 )
 _MONTH_YEAR = re.compile(rf"\b({_MONTH})\.?\s+(\d{{4}})\b", re.I)
+_BARE_MONTH = re.compile(
+    r"\b(?:(?<=in )|(?<=of )|(?<=since )|(?<=until )|(?<=from )|(?<=by ))May\b|\b(?!May\b)("
+    + "|".join(calendar.month_name[n] for n in range(1, 13))
+    + r")\b"
+)
+"""A month named on its own ("the first Saturday of November"), capitalised; "May" only after a
+preposition ("Maya may call" names no month)."""
+_WEEKDAYS: dict[str, int] = {calendar.day_name[n].lower(): n + 1 for n in range(7)}
+_WEEKDAY = re.compile(
+    r"\b(?:(" + "|".join(_WEEKDAYS) + r")s?|(Mon|Tue|Tues|Thu|Thur|Thurs|Fri)\.?)\b", re.I
+)
+_WEEKDAY_ABBR = {"mon": 1, "tue": 2, "tues": 2, "thu": 4, "thur": 4, "thurs": 4, "fri": 5}
 _TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)|\b(\d{1,2}):(\d{2})\b", re.I)
-_CODE = re.compile(r"\b(?:[A-Z]{2,}[ -]?|[A-Za-z]{2,}-?)\d[\d-]{3,}\d\b")
+_CODE = re.compile(
+    r"\b(?:[A-Z]{2,}[ -]?|[A-Za-z]{2,}-)\d[\d-]{1,}\d\b|\b[A-Za-z]{2,}\d[\d-]{3,}\d\b"
+)
+_SPACED_METRE = re.compile(r"(?<![$£€¥₹\d.,])(\d+(?:[.,]\d+)?) m\b(?![\w'])")
+"""A number, a space and a bare "m" not after a currency: metres ("1.8 m wide"); "$1.8m" and
+"1.8m" stay millions."""
+_HYPHENATED = re.compile(r"(\d)-([A-Za-z])")
+"""A number hyphenated to its unit: "a 3-month notice period" is three months."""
+_PHONE = re.compile(r"^(?:\+|00|0(?!0))")
+_PHONE_DIGITS = 9
 _DIGIT_RUN = re.compile(r"(?<![\w$£€.,])\+?\d[\d ().-]{5,}\d(?![\w%])")
 _ALNUM = re.compile(r"\b(?=[\w.-]*[A-Za-z])(?=[\w.-]*\d)[A-Za-z0-9][\w.-]*[A-Za-z0-9]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:-[A-Za-z]+)*|[$£€¥₹%°]|\S")
@@ -52,6 +77,7 @@ def values(text: str) -> frozenset[str]:
     """The canonical values stated in ``text`` (empty when it states none)."""
     out: set[str] = set()
     text = text.replace("’", "'").replace("\u00a0", " ")
+    text = _SPACED_METRE.sub(r"\1 metres", text)
     text = _dates(text, out)
     text = _times(text, out)
     text = _identifiers(text, out)
@@ -66,6 +92,7 @@ def _blank(text: str, m: re.Match[str]) -> str:
 def _date(out: set[str], month: int, day: int, year: str | None) -> None:
     if 1 <= month <= 12 and 1 <= day <= 31:
         out.add(f"date:{month:02d}-{day:02d}")
+        out.add(f"month:{month:02d}")  # "in May" restates "14-16 May"
     if year:
         y = int(year)
         out.add(f"year:{y + 2000 if y < 100 else y}")
@@ -90,6 +117,14 @@ def _dates(text: str, out: set[str]) -> str:
                 out.add(f"month:{_MONTHS[g[0].lower()]:02d}")
                 out.add(f"year:{g[1]}")
             text = _blank(text, m)
+    while (m := _BARE_MONTH.search(text)) is not None:
+        out.add(f"month:{_MONTHS[m.group().lower()]:02d}")
+        text = _blank(text, m)
+    for m in _WEEKDAY.finditer(text):
+        if m.group(1):
+            out.add(f"weekday:{_WEEKDAYS[m.group(1).lower()]}")
+        elif m.group(2)[0].isupper():
+            out.add(f"weekday:{_WEEKDAY_ABBR[m.group(2).lower()]}")
     return text
 
 
@@ -113,14 +148,17 @@ def _identifiers(text: str, out: set[str]) -> str:
         text = _blank(text, m)
     for m in list(_DIGIT_RUN.finditer(text)):
         digits = re.sub(r"\D", "", m.group())
-        if len(digits) >= 7:
+        if len(digits) > _PHONE_DIGITS and _PHONE.match(m.group()):
+            out.add(f"tel:{digits[-_PHONE_DIGITS:]}")  # the trunk 0 or the country code dropped
+            text = text.replace(m.group(), " ; ", 1)
+        elif len(digits) >= 7:
             out.add("id:" + digits)
             text = text.replace(m.group(), " ; ", 1)
     for m in list(_ALNUM.finditer(text)):
         word = m.group()
-        head = re.match(r"^(\d+(?:\.\d+)?)([A-Za-z%]+)$", word)
+        head = re.match(r"^(\d+(?:\.\d+)?)-?([A-Za-z%]+)$", word)
         if head and head.group(2).lower() in UNITS | MAGNITUDES.keys():
-            continue  # "12km", "94k": an amount, read below
+            continue  # "12km", "94k", "3-month": an amount, read below
         out.add("id:" + re.sub(r"[^a-z0-9]", "", word.lower()))
         text = text.replace(word, " ; ", 1)
     return text
@@ -168,8 +206,13 @@ def _fmt(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:g}"
 
 
+def _quantity(unit: str, value: float) -> str:
+    base, factor = BASE_UNITS.get(unit, (unit, 1.0))
+    return f"qty:{base}:{_fmt(round(value * factor, 9))}"
+
+
 def _amounts(text: str, out: set[str]) -> None:
-    tokens = _TOKEN.findall(text)
+    tokens = _TOKEN.findall(_HYPHENATED.sub(r"\1 \2", text))
     i = 0
     while i < len(tokens):
         low = tokens[i].lower()
@@ -189,14 +232,14 @@ def _amounts(text: str, out: set[str]) -> None:
         value, j = got
         after = tokens[j].lower() if j < len(tokens) else ""
         two = f"{after} {tokens[j + 1].lower()}" if j + 1 < len(tokens) else ""
-        if after in CURRENCIES and after[0].isalpha():
+        if after in CURRENCIES and (after[0].isalpha() or after in ("€", "£", "$", "¥", "₹")):
             out.add(f"money:{CURRENCIES[after]}:{_fmt(value)}")
             j += 1
         elif two in UNITS:
-            out.add(f"qty:{UNITS[two]}:{_fmt(value)}")
+            out.add(_quantity(UNITS[two], value))
             j += 2
         elif after in UNITS:
-            out.add(f"qty:{UNITS[after]}:{_fmt(value)}")
+            out.add(_quantity(UNITS[after], value))
             j += 1
         elif tokens[i][0].isdigit() and len(tokens[i]) == 4 and 1900 <= value <= 2100:
             out.add(f"year:{_fmt(value)}")

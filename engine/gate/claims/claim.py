@@ -36,6 +36,9 @@ class Claim:
     """Content lemmas of each coordinated predicate (one entry for a simple sentence)."""
     predicates: tuple[str, ...]
     """Lemma of each part's predicate, in order."""
+    owners: frozenset[str]
+    """Lemmas of the subject's possessors ("Paolo Ricci's manager": paolo, ricci; pronouns
+    out): whose attribute the subject is."""
     names: frozenset[str]
     """Content lemmas that name or qualify (proper nouns, possessors, adjectives, noun
     modifiers), subject included: the
@@ -70,10 +73,13 @@ def claim(text: str) -> Claim:
             if t.dep_ == "conj" and t.pos_ in ("VERB", "AUX") and t.head in preds
         )
     subject: set[str] = set()
+    owners: set[str] = set()
     for pred in preds:
         for child in pred.children:
             if child.dep_ in ("nsubj", "nsubjpass"):
                 subject.update(_lemma(t) for t in child.subtree if _is_content(t))
+                for poss in (t for t in child.subtree if t.dep_ == "poss" and t.pos_ != "PRON"):
+                    owners.update(_lemma(t) for t in poss.subtree if t.pos_ != "PART")
     negated = any(t.dep_ == "neg" or t.lower_ in _NEGATORS for t in doc)
     content = frozenset(_lemma(t) for t in doc if _is_content(t)) - subject
     parts = []
@@ -97,6 +103,7 @@ def claim(text: str) -> Claim:
         negated=negated,
         parts=tuple(parts),
         predicates=tuple(_lemma(p) for p in preds),
+        owners=frozenset(owners),
         names=frozenset(
             _lemma(t)
             for t in doc

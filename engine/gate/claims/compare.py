@@ -28,8 +28,12 @@ def coverage(words: frozenset[str], pool: frozenset[str]) -> float:
     return sum(1 for w in words if any(close(w, p) for p in pool)) / len(words)
 
 
+_WEAK = ("num:", "weekday:", "month:")
+"""Values too common to identify a claim alone: a bare number ("Route 14"), a weekday, a month."""
+
+
 def restates(memory: Claim, fact: Claim, min_coverage: float) -> bool:
-    typed = any(not v.startswith("num:") for v in fact.values)
+    typed = any(not v.startswith(_WEAK) for v in fact.values)
     if not typed or not fact.values <= memory.values or fact.negated != memory.negated:
         return False  # a bare number ("Route 14") may be part of a name: too weak alone
     known = memory.content | memory.subject
@@ -56,3 +60,42 @@ def partial(memory: Claim, fact: Claim) -> bool:
             hit = any(close(pred, w) for w in said)
         touched += hit
     return 0 < touched < len(memory.parts)
+
+
+def values_left(memory: frozenset[str], fact: frozenset[str]) -> int:
+    """How many of the memory's values a fact that changes a value leaves standing: per kind
+    of value (amount, time, id, weekday...), the memory's values beyond the fact's count. 0
+    when the fact changes no value. "Staging runs v2.3 on 3 nodes in eu-north-1" -> "staging is
+    on v2.4" leaves two (the node count and the region). Months and years are not counted
+    (a date implies its month)."""
+    if not fact - memory:
+        return 0
+    left = 0
+    for kind in {_kind(v) for v in memory}:
+        if kind in ("year", "month"):
+            continue
+        mine = sum(_kind(v) == kind for v in memory)
+        theirs = sum(_kind(v) == kind for v in fact)
+        left += max(0, mine - theirs)
+    return left
+
+
+def _kind(value: str) -> str:
+    head, _, rest = value.partition(":")
+    return f"qty:{rest.partition(':')[0]}" if head == "qty" else head
+
+
+def changes_value(memory: Claim, fact: Claim) -> bool:
+    """The fact is the memory with values of the same kinds changed and nothing else: every
+    word of its subject and content is the memory's, each new value takes the place of a
+    memory value of its kind, and no memory value is left standing beside it ("Pemberley's
+    bookkeeping fee is £165 a month" after "... is £145 a month")."""
+    new, old = fact.values - memory.values, memory.values - fact.values
+    if not new or not old or fact.negated != memory.negated:
+        return False
+    if not {_kind(v) for v in new} <= {_kind(v) for v in old}:
+        return False
+    if values_left(memory.values, fact.values) > 0:
+        return False
+    words = fact.subject | fact.content
+    return bool(words) and coverage(words, memory.subject | memory.content) == 1.0

@@ -29,11 +29,15 @@ def shared_subject(a: str, b: str) -> frozenset[str]:
 def subject_relation(a: str, b: str) -> str:
     """``shared`` (a word of one subject occurs in the other text: "the ops account has 2FA"
     and "2FA is enabled on the ops account" share it), ``disjoint`` (both name a subject, and
-    neither's words occur in the other text) or ``unknown`` (one text has no subject: an
-    instruction, a fragment)."""
+    neither's words occur in the other text; or both subjects have possessors, and neither's
+    possessors occur in the other's subject: "Paolo's manager" and "Ingrid's manager", but not
+    "Safiya's lessons" and "Amina's daughter Safiya's lessons") or ``unknown`` (one text has no
+    subject: an instruction, a fragment)."""
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return "unknown"
+    if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
+        return "disjoint"  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
     return "shared" if ca.subject & wb or cb.subject & wa else "disjoint"
 

@@ -6,7 +6,7 @@ examples in ``tests/unit/test_gate_claims.py``.
 
 from __future__ import annotations
 
-__all__ = ["CURRENCIES", "MAGNITUDES", "NUMBER_WORDS", "UNITS"]
+__all__ = ["BASE_UNITS", "CURRENCIES", "MAGNITUDES", "NUMBER_WORDS", "UNITS"]
 
 NUMBER_WORDS: dict[str, int] = {
     word: n
@@ -101,3 +101,31 @@ _UNIT_FORMS: dict[str, tuple[str, ...]] = {
 }
 UNITS: dict[str, str] = {form: unit for unit, forms in _UNIT_FORMS.items() for form in forms}
 """Unit spellings -> one canonical symbol ("kilometres" and "km" are both ``km``)."""
+
+BASE_UNITS: dict[str, tuple[str, float]] = {
+    "km": ("m", 1000.0),
+    "m": ("m", 1.0),
+    "cm": ("m", 0.01),
+    "mm": ("m", 0.001),
+    "kg": ("g", 1000.0),
+    "g": ("g", 1.0),
+    "mg": ("g", 0.001),
+    "mcg": ("g", 0.000001),
+    "l": ("l", 1.0),
+    "ml": ("l", 0.001),
+    "ms": ("s", 0.001),
+    "s": ("s", 1.0),
+    "min": ("s", 60.0),
+    "h": ("s", 3600.0),
+    "day": ("day", 1.0),
+    "week": ("day", 7.0),
+    "kb": ("b", 1e3),
+    "mb": ("b", 1e6),
+    "gb": ("b", 1e9),
+    "tb": ("b", 1e12),
+    "w": ("w", 1.0),
+    "kw": ("w", 1000.0),
+}
+"""Units that convert exactly by a factor, -> (the dimension's base unit, factor): "3.4 kg" and
+"3400 g" are one quantity, as are "1.8 m" and "180 cm", "90 minutes" and "1.5 hours". Units
+without an exact factor into another (miles, feet, months, years, degrees) stay as written."""
