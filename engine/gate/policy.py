@@ -215,6 +215,9 @@ class Evidence:
     """The memory packs several claims and the new fact leaves some of them standing."""
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
+    changed_kinds: frozenset[str] = frozenset()
+    """Kinds of value the fact would change in this memory
+    (:func:`engine.gate.claims.changed_kinds`)."""
     value_change: bool = False
     """The fact is the memory with values of the same kinds changed and nothing else."""
     new_values: bool = False
@@ -337,6 +340,10 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         if gap < margin and (best.key_match == rival.key_match or closer):
             reasons[rival.memory_id] = (True, "ambiguous")
             return out("review", best.memory_id, "ambiguous_target")
+    for rival in (ev for ev in passing if ev is not best and ev.key_match and best.key_match):
+        if rival.changed_kinds & best.changed_kinds & _CONTACT_KINDS:
+            reasons[rival.memory_id] = (True, "ambiguous")  # two stored addresses of one kind
+            return out("review", best.memory_id, "ambiguous_address")
     closest = next((ev for ev in above if not ev.key_conflict), None)
     if (
         closest is not None
@@ -358,6 +365,12 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         reasons[best.memory_id] = (False, f"unproven:{unproven}")
         return out("add", None, "unproven")
     return out("replace", best.memory_id, rule)
+
+
+_CONTACT_KINDS = frozenset({"email", "tel", "url"})
+"""Value kinds a person or account often holds several of at once (two e-mail addresses, a
+home and a mobile number): when two candidates of the fact's attribute each hold one and the
+fact names a new one, which of them it replaces cannot be told."""
 
 
 def _is_duplicate(ev: Evidence, policy: Policy) -> bool:

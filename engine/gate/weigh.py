@@ -48,6 +48,9 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         subject=hit.subject,
         attribute=hit.attribute,
         new_values=new_values,
+        changed_kinds=claims.changed_kinds(old.values, new.values)
+        if old is not None and new is not None
+        else frozenset(),
         value_change=old is not None and new is not None and claims.changes_value(old, new),
         restated=old is not None
         and new is not None

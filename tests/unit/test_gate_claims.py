@@ -32,6 +32,8 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("4.850 €", "€4,850.00"),
         ("020 7946 0112", "+44 20 7946 0112"),
         ("INV-2291 (4.850 €)", "invoice INV 2291 for 4850 euros"),
+        ("NOREPLY@FLEETWISE.EXAMPLE", "noreply@fleetwise.example."),
+        ("https://acme.example/docs/", "https://acme.example/docs"),
     ],
 )
 def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None:
@@ -51,6 +53,7 @@ def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None
         ("3.4 kg", "3.4 lb"),
         ("020 7946 0112", "020 7946 0113"),
         ("INV-2291", "INV-2219"),
+        ("hanna.l@fjordpost.example", "hanna@lindqvist.example"),
     ],
 )
 def test_different_values_differ(a: str, b: str) -> None:

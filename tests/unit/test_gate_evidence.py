@@ -55,6 +55,13 @@ def test_frames_of_two_attributes_of_one_subject_differ() -> None:
             "shared",
         ),
         ("Harlow's marathon PB is 3:36:50.", "Harlow's marathon PB is 3:41:12.", "shared"),
+        # a value in the subject names which of several like things it is
+        (
+            "Unit 3's rent went up to £19,750 a year.",
+            "Unit 4's rent is £18,500 a year.",
+            "disjoint",
+        ),
+        ("Unit 3's rent went up to £19,750 a year.", "Unit 3's rent is £18,500 a year.", "shared"),
     ],
 )
 def test_subject_relation(a: str, b: str, want: str) -> None:

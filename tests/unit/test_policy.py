@@ -102,6 +102,20 @@ def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction()
     assert decide([low], STRICT).action == "add"
 
 
+def test_two_stored_addresses_of_the_changed_kind_are_ambiguous() -> None:
+    email = frozenset({"email"})
+    a = ev("work", 0.70, 0.95, key_match=True, changed_kinds=email)
+    b = ev("home", 0.45, 0.96, key_match=True, changed_kinds=email)
+    assert (decide([a, b], STRICT).action, decide([a, b], STRICT).rule) == (
+        "review",
+        "ambiguous_address",
+    )
+    money = frozenset({"money"})  # one price of one attribute: the closer one changes
+    c = ev("price", 0.70, 0.95, key_match=True, changed_kinds=money)
+    d = ev("deposit", 0.45, 0.96, key_match=True, changed_kinds=money)
+    assert (decide([c, d], STRICT).action, decide([c, d], STRICT).target_id) == ("replace", "price")
+
+
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
     v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")

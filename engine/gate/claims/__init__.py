@@ -3,6 +3,15 @@
 
 from engine.gate.claims.canon import values
 from engine.gate.claims.claim import Claim, claim
-from engine.gate.claims.compare import changes_value, partial, restates, values_left
+from engine.gate.claims.compare import changed_kinds, changes_value, partial, restates, values_left
 
-__all__ = ["Claim", "changes_value", "claim", "partial", "restates", "values", "values_left"]
+__all__ = [
+    "Claim",
+    "changed_kinds",
+    "changes_value",
+    "claim",
+    "partial",
+    "restates",
+    "values",
+    "values_left",
+]

@@ -7,8 +7,9 @@ dimension's base unit, so "3.4 kg" and "3400 g" agree); "MSKU 448120-3" and "MSK
 ``id:msku4481203``; "06 12 44 80 19" and "0612448019" are ``tel:612448019``: a phone
 number written nationally ("020 7946 0112") or internationally ("+44 20 7946 0112") is
 ``tel:<its last nine digits>``, and other digit runs are ``id:<digits>``. Plain numbers are
-``num:<n>``. A day/month date that reads both ways (05/06) yields both readings; a month named
-alone is ``month:<mm>``, a weekday ``weekday:<1-7>`` (Monday = 1).
+``num:<n>``; e-mail addresses and URLs are ``email:`` / ``url:`` in lower case. A day/month
+date that reads both ways (05/06) yields both readings; a month named alone is ``month:<mm>``,
+a weekday ``weekday:<1-7>`` (Monday = 1).
 
 Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
 call" as a date; we only read the formats people write values in.
@@ -63,6 +64,8 @@ _CODE = re.compile(
 _SPACED_METRE = re.compile(r"(?<![$£€¥₹\d.,])(\d+(?:[.,]\d+)?) m\b(?![\w'])")
 """A number, a space and a bare "m" not after a currency: metres ("1.8 m wide"); "$1.8m" and
 "1.8m" stay millions."""
+_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
+_URL = re.compile(r"\bhttps?://[^\s,;)]+[^\s,;).]")
 _HYPHENATED = re.compile(r"(\d)-([A-Za-z])")
 """A number hyphenated to its unit: "a 3-month notice period" is three months."""
 _PHONE = re.compile(r"^(?:\+|00|0(?!0))")
@@ -78,6 +81,7 @@ def values(text: str) -> frozenset[str]:
     out: set[str] = set()
     text = text.replace("’", "'").replace("\u00a0", " ")
     text = _SPACED_METRE.sub(r"\1 metres", text)
+    text = _addresses(text, out)
     text = _dates(text, out)
     text = _times(text, out)
     text = _identifiers(text, out)
@@ -139,6 +143,14 @@ def _times(text: str, out: set[str]) -> str:
         if hour < 24 and minute < 60:
             out.add(f"time:{hour:02d}:{minute:02d}")
         text = _blank(text, m)
+    return text
+
+
+def _addresses(text: str, out: set[str]) -> str:
+    for pattern, kind in ((_EMAIL, "email"), (_URL, "url")):
+        while (m := pattern.search(text)) is not None:
+            out.add(f"{kind}:{m.group().lower().rstrip('/')}")
+            text = _blank(text, m)
     return text
 
 

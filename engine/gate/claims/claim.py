@@ -36,6 +36,9 @@ class Claim:
     """Content lemmas of each coordinated predicate (one entry for a simple sentence)."""
     predicates: tuple[str, ...]
     """Lemma of each part's predicate, in order."""
+    subject_values: frozenset[str]
+    """Canonical values inside the subject phrase ("Kai's Thursday squad": weekday 4; "Unit 3's
+    rent": 3): they name which of several like things the subject is."""
     owners: frozenset[str]
     """Lemmas of the subject's possessors ("Paolo Ricci's manager": paolo, ricci; pronouns
     out): whose attribute the subject is."""
@@ -74,10 +77,13 @@ def claim(text: str) -> Claim:
         )
     subject: set[str] = set()
     owners: set[str] = set()
+    subject_values: set[str] = set()
     for pred in preds:
         for child in pred.children:
             if child.dep_ in ("nsubj", "nsubjpass"):
                 subject.update(_lemma(t) for t in child.subtree if _is_content(t))
+                span = doc[child.left_edge.i : child.right_edge.i + 1]
+                subject_values.update(values(span.text))
                 for poss in (t for t in child.subtree if t.dep_ == "poss" and t.pos_ != "PRON"):
                     owners.update(_lemma(t) for t in poss.subtree if t.pos_ != "PART")
     negated = any(t.dep_ == "neg" or t.lower_ in _NEGATORS for t in doc)
@@ -104,6 +110,7 @@ def claim(text: str) -> Claim:
         parts=tuple(parts),
         predicates=tuple(_lemma(p) for p in preds),
         owners=frozenset(owners),
+        subject_values=frozenset(subject_values),
         names=frozenset(
             _lemma(t)
             for t in doc

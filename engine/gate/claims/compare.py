@@ -99,3 +99,10 @@ def changes_value(memory: Claim, fact: Claim) -> bool:
         return False
     words = fact.subject | fact.content
     return bool(words) and coverage(words, memory.subject | memory.content) == 1.0
+
+
+def changed_kinds(memory: frozenset[str], fact: frozenset[str]) -> frozenset[str]:
+    """Kinds of value (``email``, ``money``, ``qty:g``...) the fact states anew where the memory
+    holds another value of that kind: the values the fact would change in this memory."""
+    new, old = fact - memory, memory - fact
+    return frozenset({_kind(v) for v in new} & {_kind(v) for v in old})

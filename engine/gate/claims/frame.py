@@ -36,10 +36,21 @@ def subject_relation(a: str, b: str) -> str:
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return "unknown"
+    if _named_apart(ca.subject_values, cb.subject_values):
+        return "disjoint"  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
         return "disjoint"  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
     return "shared" if ca.subject & wb or cb.subject & wa else "disjoint"
+
+
+def _named_apart(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Both subjects carry a value of one kind, and not the same one."""
+    kinds = {v.split(":")[0] for v in a} & {v.split(":")[0] for v in b}
+    return any(
+        not {v for v in a if v.startswith(k + ":")} & {v for v in b if v.startswith(k + ":")}
+        for k in kinds
+    )
 
 
 def _value(tok: Any, subject_ids: set[int]) -> bool:
