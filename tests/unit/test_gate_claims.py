@@ -33,6 +33,7 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("020 7946 0112", "+44 20 7946 0112"),
         ("INV-2291 (4.850 €)", "invoice INV 2291 for 4850 euros"),
         ("NOREPLY@FLEETWISE.EXAMPLE", "noreply@fleetwise.example."),
+        ("a two-year warranty", "24 months"),
         ("https://acme.example/docs/", "https://acme.example/docs"),
     ],
 )
@@ -67,6 +68,15 @@ def test_a_date_that_reads_both_ways_has_both_readings() -> None:
 def test_words_that_are_not_values_yield_nothing() -> None:
     assert values("Maya may call about the new plan.") == frozenset()
     assert values("The sun sat low on Wed evening.") == frozenset()  # lower-case/ambiguous
+
+
+def test_an_ordinal_is_a_weak_value_not_a_code() -> None:
+    assert values("billed on the 4th") == {"ord:4"} and values("12th of November") >= {"month:11"}
+    memory, fact = (
+        claim("Netstream Premium is billed on the 4th."),
+        claim("Netstream Kids is billed on the 4th."),
+    )
+    assert not restates(memory, fact, 0.0)
 
 
 def test_weekdays_and_months_named_alone_are_values() -> None:

@@ -9,7 +9,7 @@ number written nationally ("020 7946 0112") or internationally ("+44 20 7946 011
 ``tel:<its last nine digits>``, and other digit runs are ``id:<digits>``. Plain numbers are
 ``num:<n>``; e-mail addresses and URLs are ``email:`` / ``url:`` in lower case. A day/month
 date that reads both ways (05/06) yields both readings; a month named alone is ``month:<mm>``,
-a weekday ``weekday:<1-7>`` (Monday = 1).
+a weekday ``weekday:<1-7>`` (Monday = 1), an ordinal ("the 4th") ``ord:<n>``.
 
 Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
 call" as a date; we only read the formats people write values in.
@@ -66,8 +66,10 @@ _SPACED_METRE = re.compile(r"(?<![$£€¥₹\d.,])(\d+(?:[.,]\d+)?) m\b(?![\w']
 "1.8m" stay millions."""
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _URL = re.compile(r"\bhttps?://[^\s,;)]+[^\s,;).]")
-_HYPHENATED = re.compile(r"(\d)-([A-Za-z])")
-"""A number hyphenated to its unit: "a 3-month notice period" is three months."""
+_HYPHENATED = re.compile(r"(\d|\b(?:" + "|".join(NUMBER_WORDS) + r"))-([A-Za-z])", re.I)
+"""A number hyphenated to its unit: "a 3-month notice period" is three months, "a two-year
+warranty" two years."""
+_ORDINAL = re.compile(r"(\d{1,3})(?:st|nd|rd|th)", re.I)
 _PHONE = re.compile(r"^(?:\+|00|0(?!0))")
 _PHONE_DIGITS = 9
 _DIGIT_RUN = re.compile(r"(?<![\w$£€.,])\+?\d[\d ().-]{5,}\d(?![\w%])")
@@ -168,6 +170,10 @@ def _identifiers(text: str, out: set[str]) -> str:
             text = text.replace(m.group(), " ; ", 1)
     for m in list(_ALNUM.finditer(text)):
         word = m.group()
+        if (nth := _ORDINAL.fullmatch(word)) is not None:
+            out.add(f"ord:{int(nth.group(1))}")  # "on the 4th": a day or a rank, not a code
+            text = text.replace(word, " ; ", 1)
+            continue
         head = re.match(r"^(\d+(?:\.\d+)?)-?([A-Za-z%]+)$", word)
         if head and head.group(2).lower() in UNITS | MAGNITUDES.keys():
             continue  # "12km", "94k", "3-month": an amount, read below

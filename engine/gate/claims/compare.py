@@ -28,8 +28,9 @@ def coverage(words: frozenset[str], pool: frozenset[str]) -> float:
     return sum(1 for w in words if any(close(w, p) for p in pool)) / len(words)
 
 
-_WEAK = ("num:", "weekday:", "month:")
-"""Values too common to identify a claim alone: a bare number ("Route 14"), a weekday, a month."""
+_WEAK = ("num:", "weekday:", "month:", "ord:")
+"""Values too common to identify a claim alone: a bare number ("Route 14"), a weekday, a month,
+an ordinal."""
 
 
 def restates(memory: Claim, fact: Claim, min_coverage: float) -> bool:

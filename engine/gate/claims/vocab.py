@@ -119,6 +119,8 @@ BASE_UNITS: dict[str, tuple[str, float]] = {
     "h": ("s", 3600.0),
     "day": ("day", 1.0),
     "week": ("day", 7.0),
+    "month": ("month", 1.0),
+    "year": ("month", 12.0),
     "kb": ("b", 1e3),
     "mb": ("b", 1e6),
     "gb": ("b", 1e9),
@@ -127,5 +129,6 @@ BASE_UNITS: dict[str, tuple[str, float]] = {
     "kw": ("w", 1000.0),
 }
 """Units that convert exactly by a factor, -> (the dimension's base unit, factor): "3.4 kg" and
-"3400 g" are one quantity, as are "1.8 m" and "180 cm", "90 minutes" and "1.5 hours". Units
-without an exact factor into another (miles, feet, months, years, degrees) stay as written."""
+"3400 g" are one quantity, as are "1.8 m" and "180 cm", "90 minutes" and "1.5 hours", "two
+years" and "24 months". Units without an exact factor into another (miles, feet, degrees; days
+and months) stay as written."""
