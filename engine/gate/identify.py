@@ -7,8 +7,10 @@ taken out (:func:`engine.gate.claims.frame.frame`). "Maya is allergic to peanuts
 follows a vegan diet" are similar sentences (same person) with dissimilar frames (two
 attributes); "Keiko has lived in Kobe since 2019" and "Keiko lives in Osaka" have nearly equal
 frames. Two texts with nothing left but the shared subject and the values ("Stonebridge's
-compliance officer is Maud Ellery" / "... is Amos Reyes") speak of one attribute (1.0); when
-only one side has words left, the attribute is not measured (None). All frames of a batch go to
+compliance officer is Maud Ellery" / "... is Amos Reyes") speak of one attribute (1.0); so do
+two texts of which one is nothing but its subject and values and the other names every word of
+that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
+Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None). All frames of a batch go to
 the embedder in one call.
 """
 
@@ -18,12 +20,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.gate.claims import claim
+from engine.gate.claims.compare import coverage
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
 from engine.gate.policy import Policy
 from engine.gate.ports import Embedder
 from engine.gate.probe import Hit, Probe
 
 __all__ = ["identify"]
+
+
+def _named_by_subject(bare: str, other: str) -> bool:
+    """``bare`` is nothing but its subject and values, and the other text names every word of
+    that subject: the subject phrase is the attribute ("the shop's broadband"), and the other
+    text speaks of it."""
+    words = claim(bare).subject
+    theirs = claim(other)
+    return bool(words) and coverage(words, theirs.subject | theirs.content) == 1.0
 
 
 def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
@@ -47,6 +60,10 @@ def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int
                 slots.append((hit, a, b))
             elif not a and not b:
                 hit.attribute = 1.0  # nothing but the shared subject and values: one attribute
+            elif _named_by_subject(
+                text if not a else hit.ref.text, hit.ref.text if not a else text
+            ):
+                hit.attribute = 1.0  # "The shop's broadband is 80 Mbps": its subject names it
     if not slots:
         return 0
     texts = list(dict.fromkeys(t for _, a, b in slots for t in (a, b)))

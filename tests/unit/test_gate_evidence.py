@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
-from engine.gate.identify import identify
+from engine.gate.identify import _named_by_subject, identify
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.thresholds import for_embedder
@@ -98,6 +98,14 @@ def test_only_values_left_is_one_attribute() -> None:
     )
     identify([p], FakeEmbedder(), STRICT)
     assert p.hits[0].attribute == 1.0
+
+
+def test_a_bare_text_whose_subject_the_other_names_speaks_of_one_attribute() -> None:
+    # one text is nothing but its subject and values: its subject phrase is the attribute
+    shop = "The shop upgraded its broadband to 900 Mbps full fibre."
+    assert _named_by_subject("The shop's broadband is 80 Mbps.", shop)
+    assert not _named_by_subject("Ingrid's manager is Paolo Ricci.", "Ingrid is an executive.")
+    assert not _named_by_subject("Use metric units.", shop)  # no subject: nothing named
 
 
 def test_below_the_floor_and_unchecked_facts_are_not_read() -> None:
