@@ -10,8 +10,8 @@ frames. Two texts with nothing left but the shared subject and the values ("Ston
 compliance officer is Maud Ellery" / "... is Amos Reyes") speak of one attribute (1.0); so do
 two texts of which one is nothing but its subject and values and the other names every word of
 that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
-Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None). All frames of a batch go to
-the embedder in one call.
+Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None).
+All frames of a batch go to the embedder in one call.
 """
 
 from __future__ import annotations
