@@ -750,6 +750,28 @@ def _invariance(run: _Run, model: OrtModel) -> dict[str, Any]:
     )
 
 
+def _pair_invariance(
+    tok: Path, model: OrtModel, max_length: int, pad: int, static_length: int | None = None
+) -> dict[str, Any]:
+    """Batch invariance of an NLI graph's raw logits on the check pairs."""
+    return checks.batch_invariance(
+        tok,
+        checks.PAIRS,
+        lambda f: model.run(f)[0].astype(np.float64),
+        max_length=max_length,
+        pad_id=pad,
+        static_length=static_length,
+    )
+
+
+def _inherited_fields(directory: Path) -> dict[str, Any]:
+    """The manifest fields a derived variant takes over from the artefact it is built from
+    (everything but what belongs to one artefact: its files, format, seal, smoke and parity)."""
+    manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
+    own = ("files", "format", "manifest_sha256", "smoke", "parity")
+    return {k: v for k, v in manifest.items() if k not in own}
+
+
 def _fmt_invariance(figures: Mapping[str, Any]) -> str:
     verdict = "invariant" if figures["invariant"] else "NOT invariant (runs one item per pass)"
     return f"max|Δ| {figures['max_abs_diff']:.2e} (atol {figures['atol']:g}): {verdict}"
@@ -1079,22 +1101,11 @@ def requantize_aegis(out_dir: Path, *, force: bool = False, log: Log = print) ->
                 f"max|Δ| {shipped_drift['max_abs_diff']:.2e}"
             )
         with progress.step("batch invariance (alone vs one mixed-length batch)", "int8") as notes:
-            invariance = checks.batch_invariance(
-                tok,
-                checks.PAIRS,
-                lambda f: model.run(f)[0].astype(np.float64),
-                max_length=AEGIS_LENGTH,
-                pad_id=pad,
-                static_length=None if dynamic else AEGIS_LENGTH,
+            invariance = _pair_invariance(
+                tok, model, AEGIS_LENGTH, pad, static_length=None if dynamic else AEGIS_LENGTH
             )
             notes.append(_fmt_invariance(invariance))
-        fields = {
-            k: v
-            for k, v in json.loads(
-                (imported.directory / "manifest.json").read_text(encoding="utf-8")
-            ).items()
-            if k not in ("files", "format", "manifest_sha256", "smoke", "parity")
-        }
+        fields = _inherited_fields(imported.directory)
         fields.update(
             variant="int8",
             static_length=None if dynamic else AEGIS_LENGTH,
@@ -1223,19 +1234,9 @@ def build_static(
         with progress.step(
             "batch invariance (alone vs one mixed-length batch)", "int8-static"
         ) as notes:
-            invariance = checks.batch_invariance(
-                tok,
-                checks.PAIRS,
-                lambda f: model.run(f)[0].astype(np.float64),
-                max_length=max_length,
-                pad_id=pad,
-            )
+            invariance = _pair_invariance(tok, model, max_length, pad)
             notes.append(_fmt_invariance(invariance))
-        fields = {
-            k: v
-            for k, v in json.loads((base.directory / "manifest.json").read_text("utf-8")).items()
-            if k not in ("files", "format", "manifest_sha256", "smoke", "parity")
-        }
+        fields = _inherited_fields(base.directory)
         fields.update(
             variant=STATIC_VARIANT,
             static_length=None,

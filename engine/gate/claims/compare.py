@@ -8,7 +8,9 @@
   restatement is never a conflict, whatever the NLI model says about two spellings.
 * :func:`partial`: the memory has coordinated predicates ("lives in Sendai and works for Tohoku
   Rail") and the fact addresses some but not all of them: replacing the memory would lose the
-  others.
+  others; :func:`values_left` counts the same for values (a fact changing one of several).
+* :func:`changes_value` / :func:`changed_kinds`: which of the memory's values a fact changes,
+  and whether that is all it does.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from __future__ import annotations
 from engine.gate.claims.claim import Claim
 from engine.gate.overlap import close
 
-__all__ = ["coverage", "partial", "restates"]
+__all__ = [
+    "changed_kinds",
+    "changes_value",
+    "coverage",
+    "partial",
+    "restates",
+    "values_left",
+]
 
 _LIGHT = frozenset({"be", "have", "get", "do"})
 
