@@ -201,8 +201,9 @@ class GatedLLMClient(LLMClient):
         self.on_decision = on_decision
         self.decisions: deque[Invalidation] = deque(maxlen=self.settings.keep_decisions)
         """The most recent records, oldest first."""
-        self._policy = policy_for(self.settings.policy, nli, embedder)
-        self._policy = self._policy.with_overrides(dict(self.settings.overrides))
+        self._policy = policy_for(self.settings.policy, nli, embedder).with_overrides(
+            dict(self.settings.overrides)
+        )
         self._lock = threading.Lock()
         self._judging = threading.Lock()
 

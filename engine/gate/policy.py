@@ -376,7 +376,7 @@ fact names a new one, which of them it replaces cannot be told."""
 def _is_duplicate(ev: Evidence, policy: Policy) -> bool:
     if ev.similarity < policy.duplicate_similarity or ev.key_conflict or ev.mismatch:
         return False
-    if ev.new_values:
+    if ev.new_values:  # another amount, date or id: an update or a sibling, whatever the wording
         return False
     if ev.contradiction is not None and ev.contradiction > policy.duplicate_max_contradiction:
         return False
