@@ -12,7 +12,7 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 SET = DATA / "heldout5.jsonl"
-SHA256 = "378ebf6c427030d55a994f829501f297d3bb4c4de9520bc0cecec466ee8033f5"
+SHA256 = "0ecb4100331483e6ac0cb08346e2058502def48c1cc5698f6d8f3af826d912c3"
 
 
 def _section() -> str:
