@@ -234,6 +234,8 @@ class Evidence:
 
         A matching attribute key is such evidence; otherwise the subjects must not be disjoint
         and the frames must be alike."""
+        if self.subject == "apart":
+            return "subject_apart"
         if self.key_match:
             return ""
         if self.subject == "disjoint":
