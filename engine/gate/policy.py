@@ -224,6 +224,9 @@ class Evidence:
     """The new fact states a canonical value (amount, date, time, weekday, id...) the memory
     does not: whatever its wording, it is then neither a duplicate of the memory nor contained
     in it."""
+    beside: bool = False
+    """The fact adds typed values beside the memory's and changes none of them
+    (:func:`engine.gate.claims.adds_beside`): another attribute, or more detail."""
     subject: str = ""
     """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
     attribute: float | None = None
@@ -238,6 +241,8 @@ class Evidence:
             return "subject_apart"
         if self.key_match:
             return ""
+        if self.beside:
+            return "values_beside"
         if self.subject == "disjoint":
             return "subject_disjoint"
         if self.attribute is None:

@@ -19,6 +19,7 @@ from engine.gate.claims.claim import Claim
 from engine.gate.overlap import close
 
 __all__ = [
+    "adds_beside",
     "changed_kinds",
     "changes_value",
     "coverage",
@@ -141,3 +142,18 @@ def changed_kinds(memory: frozenset[str], fact: frozenset[str]) -> frozenset[str
     holds another value of that kind: the values the fact would change in this memory."""
     new, old = fact - memory, memory - fact
     return frozenset({_kind(v) for v in new} & {_kind(v) for v in old})
+
+
+_UNTYPED = frozenset({"num", "weekday", "month", "year", "ord"})
+
+
+def adds_beside(memory: Claim, fact: Claim) -> bool:
+    """The fact states typed values (amounts, dates, ids, quantities...) the memory lacks, and
+    the memory holds typed values of its own (outside its subject) of which the fact changes
+    none: "LT-0932 is a Dell Latitude 7440 with 32 GB RAM" beside "LT-0932 runs Windows 11
+    24H2". The fact speaks of another attribute of the subject, or adds detail to it."""
+    mine = {v for v in memory.values - memory.subject_values if _kind(v) not in _UNTYPED}
+    new = {v for v in fact.values - memory.values if _kind(v) not in _UNTYPED}
+    if not mine or not new:
+        return False
+    return not {_kind(v) for v in new} & {_kind(v) for v in mine - fact.values}
