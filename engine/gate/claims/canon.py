@@ -182,10 +182,10 @@ def _times(text: str, out: set[str]) -> str:
 
 
 def _addresses(text: str, out: set[str]) -> str:
-    for m in list(_IPV4.finditer(text)):
-        if all(int(part) <= 255 for part in m.group().split("/")[0].split(".")):
-            out.add(f"ip:{m.group()}")
-            text = text.replace(m.group(), " ; ", 1)
+    for found in list(_IPV4.finditer(text)):
+        if all(int(part) <= 255 for part in found.group().split("/")[0].split(".")):
+            out.add(f"ip:{found.group()}")
+            text = text.replace(found.group(), " ; ", 1)
     for pattern, kind in ((_EMAIL, "email"), (_URL, "url")):
         while (m := pattern.search(text)) is not None:
             out.add(f"{kind}:{m.group().lower().rstrip('/')}")

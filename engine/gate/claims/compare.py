@@ -59,9 +59,7 @@ _WEAK = ("num:", "weekday:", "days:", "month:", "ord:")
 an ordinal."""
 
 
-def restates(
-    memory: Claim, fact: Claim, min_coverage: float, count_coverage: float = 0.5
-) -> bool:
+def restates(memory: Claim, fact: Claim, min_coverage: float, count_coverage: float = 0.5) -> bool:
     """``count_coverage`` is the content share needed when the fact's only values are counts
     of a noun the memory counts the same ("five items" / "5 items"): a count names less than
     an amount or a date does, so more of the wording must agree."""
