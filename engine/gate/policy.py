@@ -71,6 +71,10 @@ class Policy:
     changed (:func:`engine.gate.claims.changes_value`, at ``value_change_similarity``): the
     change itself is the evidence, so the model need only not see compatibility, and the
     reverse direction is not asked (one changed number reads the same both ways)."""
+    attribute_margin: float = 0.20
+    """A candidate that would lose to the target, holding a value of the kind the fact changes
+    in the target, with a frame this much nearer the fact's, may be the attribute meant
+    (limit $8,000: the card's annual fee $95 or its credit limit $6,500?): review."""
     key_match_floor: float = 0.40
     """A candidate whose attribute key matches the new fact's is considered from this similarity."""
     ambiguity_margin: float = 0.02
@@ -141,6 +145,7 @@ class Policy:
             "value_change_similarity",
             "value_change_contradiction",
             "restate_coverage",
+            "attribute_margin",
         )
         for name in unit:
             value = getattr(self, name)
@@ -224,6 +229,9 @@ class Evidence:
     """The new fact states a canonical value (amount, date, time, weekday, id...) the memory
     does not: whatever its wording, it is then neither a duplicate of the memory nor contained
     in it."""
+    beside: bool = False
+    """The fact adds typed values beside the memory's and changes none of them
+    (:func:`engine.gate.claims.adds_beside`): another attribute, or more detail."""
     subject: str = ""
     """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
     attribute: float | None = None
@@ -234,8 +242,12 @@ class Evidence:
 
         A matching attribute key is such evidence; otherwise the subjects must not be disjoint
         and the frames must be alike."""
+        if self.subject == "apart":
+            return "subject_apart"
         if self.key_match:
             return ""
+        if self.beside:
+            return "values_beside"
         if self.subject == "disjoint":
             return "subject_disjoint"
         if self.attribute is None:
@@ -344,6 +356,15 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         if rival.changed_kinds & best.changed_kinds & _CONTACT_KINDS:
             reasons[rival.memory_id] = (True, "ambiguous")  # two stored addresses of one kind
             return out("review", best.memory_id, "ambiguous_address")
+    for rival in (ev for ev in above if ev is not best and not ev.key_conflict):
+        if (
+            best.changed_kinds & rival.changed_kinds
+            and rival.subject not in ("disjoint", "apart")
+            and rival.attribute is not None
+            and rival.attribute - (best.attribute or 0.0) >= policy.attribute_margin
+        ):  # the fact changes a value of the same kind in a memory whose frame is nearer it
+            reasons[rival.memory_id] = (True, "nearer_attribute")
+            return out("review", best.memory_id, "attribute_rival")
     closest = next((ev for ev in above if not ev.key_conflict), None)
     if (
         closest is not None

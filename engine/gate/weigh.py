@@ -25,6 +25,7 @@ class _Claims(NamedTuple):
     changed_kinds: frozenset[str] = frozenset()
     value_change: bool = False
     restated: bool = False
+    beside: bool = False
 
 
 def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
@@ -36,6 +37,7 @@ def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
         changed_kinds=claims.changed_kinds(old.values, new.values),
         value_change=claims.changes_value(old, new),
         restated=claims.restates(old, new, policy.restate_coverage),
+        beside=claims.adds_beside(old, new),
     )
 
 
@@ -64,4 +66,5 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         changed_kinds=got.changed_kinds,
         value_change=got.value_change,
         restated=got.restated,
+        beside=got.beside,
     )

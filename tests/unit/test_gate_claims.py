@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gate.claims import changes_value, claim, partial, restates, values, values_left
+from engine.gate.claims import (
+    adds_beside,
+    changes_value,
+    claim,
+    partial,
+    restates,
+    values,
+    values_left,
+)
+from engine.gate.claims.compare import abbreviates
 from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
 
 
@@ -35,6 +44,9 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("NOREPLY@FLEETWISE.EXAMPLE", "noreply@fleetwise.example."),
         ("a two-year warranty", "24 months"),
         ("https://acme.example/docs/", "https://acme.example/docs"),
+        ("mon-fri", "weekdays"),
+        ("Monday to Friday", "Mon–Fri"),
+        ("at weekends", "the weekend"),
     ],
 )
 def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None:
@@ -55,6 +67,8 @@ def test_one_value_in_two_formats_has_one_canonical_form(a: str, b: str) -> None
         ("020 7946 0112", "020 7946 0113"),
         ("INV-2291", "INV-2219"),
         ("hanna.l@fjordpost.example", "hanna@lindqvist.example"),
+        ("10.40.3.61", "10.40.3.27"),
+        ("Mon-Fri", "Tue-Sat"),
     ],
 )
 def test_different_values_differ(a: str, b: str) -> None:
@@ -84,6 +98,51 @@ def test_weekdays_and_months_named_alone_are_values() -> None:
     assert values("the first Saturday of November") == {"weekday:6", "month:11"}
     assert values("since May") == {"month:05"} and values("Thursdays") == values("Thu.")
     assert values("the first Saturday of November") != values("the first Saturday of October")
+
+
+def test_an_ipv4_address_and_a_run_of_weekdays_are_one_value_each() -> None:
+    assert values("PR-3F-02 IP: 10.40.3.61") == {"id:pr3f02", "ip:10.40.3.61"}
+    assert values("VPC 10.0.0.0/16") == {"ip:10.0.0.0/16"}
+    assert values("version 1.2.3.999") != {"ip:1.2.3.999"}  # parts above 255: no address
+    assert values("open Monday to Thursday") == {"days:1-4"}
+    # a run stands where one weekday would: it is one value left standing, not four
+    assert values_left(values("weekdays 6-9 pm"), values("Saturday mornings, 8-12")) == 1
+
+
+def test_abbreviations_count_as_the_word() -> None:
+    assert all(abbreviates(s, w) for s, w in [("st", "street"), ("mgr", "manager")])
+    assert not any(abbreviates(s, w) for s, w in [("st", "st"), ("prod", "production")])
+    assert restates(
+        claim("The Maple Street branch closes at 18:00 on weekdays."),
+        claim("maple st closes at 6pm mon-fri"),
+        0.0,
+    )
+
+
+def test_a_count_of_one_noun_restates_when_the_wording_mostly_agrees() -> None:
+    assert claim("Ines has five items on loan.").counts == {"num:5 item"}
+    assert claim("Field 7 is put down to grass.").counts == frozenset()  # 7 names the field
+    assert restates(
+        claim("Round money to two decimal places."),
+        claim("Always round amounts to 2 decimal places."),
+        0.0,
+    )
+    assert not restates(  # milk and a mug added: a refinement, not the same claim
+        claim("Bev likes tea with two sugars."),
+        claim("Bev likes tea with two sugars and a splash of milk, in the blue mug."),
+        0.0,
+    )
+
+
+def test_typed_values_beside_the_memory_s_own() -> None:
+    assert adds_beside(
+        claim("LT-0932 runs Windows 11 24H2."),
+        claim("LT-0932 is a Dell Latitude 7440 with 32 GB RAM and a 1 TB SSD."),
+    )
+    # the fact changes the memory's amount: not beside it
+    assert not adds_beside(claim("Rent is $2,200 a month."), claim("Rent is $2,350 from March."))
+    # the memory has no typed value of its own: nothing to stand beside
+    assert not adds_beside(claim("Halcyon is a sailboat."), claim("Halcyon is 11.6 m long."))
 
 
 def test_vocabulary_tables_are_consistent() -> None:

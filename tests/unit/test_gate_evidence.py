@@ -59,8 +59,16 @@ def test_frames_of_two_attributes_of_one_subject_differ() -> None:
         (
             "Unit 3's rent went up to £19,750 a year.",
             "Unit 4's rent is £18,500 a year.",
+            "apart",
+        ),
+        ("PR-3F-02's IP address is 10.40.3.61.", "PR-2F-01's IP address is 10.40.2.19.", "apart"),
+        # nouns compounded onto the subject's head, none shared: two like things
+        (
+            "The garden office thermostat is set to 19°C.",
+            "The hallway thermostat is set to 20°C.",
             "disjoint",
         ),
+        ("The home policy excess is $1,000.", "The home insurance excess is $500.", "shared"),
         ("Unit 3's rent went up to £19,750 a year.", "Unit 3's rent is £18,500 a year.", "shared"),
     ],
 )
@@ -136,6 +144,23 @@ def test_strict_adds_without_attribute_evidence() -> None:
     assert v.candidates[0].reason == "unproven:attribute_unmeasured"
     v = decide([conflict(attribute=0.9, subject="disjoint")], STRICT)
     assert v.candidates[0].reason == "unproven:subject_disjoint"
+
+
+def test_subjects_named_apart_by_values_outweigh_a_key_match() -> None:
+    v = decide([conflict(attribute=1.0, subject="apart", key_match=True)], STRICT)
+    assert (v.action, v.candidates[0].reason) == ("add", "unproven:subject_apart")
+    # a key match still outweighs a subject the parse only finds disjoint by its words
+    assert decide([conflict(attribute=0.9, subject="disjoint", key_match=True)], STRICT).action == (
+        "replace"
+    )
+
+
+def test_typed_values_added_beside_the_memory_s_are_not_proven_the_same_attribute() -> None:
+    v = decide([conflict(attribute=0.9, subject="shared", beside=True)], STRICT)
+    assert (v.action, v.candidates[0].reason) == ("add", "unproven:values_beside")
+    assert decide([conflict(attribute=0.9, beside=True, key_match=True)], STRICT).action == (
+        "replace"
+    )
 
 
 def test_strict_replaces_with_evidence_and_a_key_match_is_evidence() -> None:

@@ -116,6 +116,25 @@ def test_two_stored_addresses_of_the_changed_kind_are_ambiguous() -> None:
     assert (decide([c, d], STRICT).action, decide([c, d], STRICT).target_id) == ("replace", "price")
 
 
+def test_a_rival_with_a_value_of_the_changed_kind_and_a_nearer_frame_is_reviewed() -> None:
+    money = frozenset({"money"})
+    fee = ev("fee", 0.80, 0.99, changed_kinds=money, attribute=0.11)
+    limit = ev("limit", 0.75, 0.93, changed_kinds=money, attribute=0.36)  # below the bar
+    v = decide([fee, limit], STRICT)
+    assert (v.action, v.target_id, v.rule) == ("review", "fee", "attribute_rival")
+    assert {c.memory_id: c.reason for c in v.candidates}["limit"] == "nearer_attribute"
+    # not nearer by the margin, of another kind, or about another subject: the target stands
+    for rival in (
+        ev("limit", 0.75, 0.93, changed_kinds=money, attribute=0.25),
+        ev("limit", 0.75, 0.93, changed_kinds=frozenset({"date"}), attribute=0.9),
+        ev("limit", 0.75, 0.93, changed_kinds=money, attribute=0.9, subject="disjoint"),
+    ):
+        assert decide([fee, rival], STRICT).action == "replace"
+    assert decide([fee, limit], STRICT.with_overrides({"attribute_margin": 0.3})).action == (
+        "replace"
+    )
+
+
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
     v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")

@@ -3,10 +3,18 @@
 
 from engine.gate.claims.canon import values
 from engine.gate.claims.claim import Claim, claim
-from engine.gate.claims.compare import changed_kinds, changes_value, partial, restates, values_left
+from engine.gate.claims.compare import (
+    adds_beside,
+    changed_kinds,
+    changes_value,
+    partial,
+    restates,
+    values_left,
+)
 
 __all__ = [
     "Claim",
+    "adds_beside",
     "changed_kinds",
     "changes_value",
     "claim",

@@ -31,10 +31,6 @@ for _n in range(1, 13):
     _MONTHS[calendar.month_abbr[_n].lower()] = _n
 _MONTHS["sept"] = 9
 _MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
-FORMAT_WORDS: frozenset[str] = frozenset(
-    [*_MONTHS, *UNITS, *CURRENCIES, *MAGNITUDES, *NUMBER_WORDS, "am", "pm"]
-)
-"""Words that only spell a value (months, units, currencies, number words): not content."""
 
 _ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
 _NUMERIC_DATE = re.compile(r"\b(\d{1,2})[/.](\d{1,2})[/.](\d{4}|\d{2})\b")
@@ -57,6 +53,21 @@ _WEEKDAY = re.compile(
     r"\b(?:(" + "|".join(_WEEKDAYS) + r")s?|(Mon|Tue|Tues|Thu|Thur|Thurs|Fri)\.?)\b", re.I
 )
 _WEEKDAY_ABBR = {"mon": 1, "tue": 2, "tues": 2, "thu": 4, "thur": 4, "thurs": 4, "fri": 5}
+_DAY_NAME = r"(?:" + "|".join(_WEEKDAYS) + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)"
+_DAY_RANGE = re.compile(
+    rf"\b({_DAY_NAME})\.?\s*(?:-|–|to|through|thru|until)\s*({_DAY_NAME})\b\.?", re.I
+)
+"""A run of weekdays ("Mon-Fri", "Monday to Friday", "tue–sat")."""
+_DAY_SETS = re.compile(r"\b(?:(weekdays|week days|workdays)|(weekends?))\b", re.I)
+_DAY_SET_VALUES = ("days:1-5", "days:6-7")
+FORMAT_WORDS: frozenset[str] = frozenset(
+    [*_MONTHS, *UNITS, *CURRENCIES, *MAGNITUDES, *NUMBER_WORDS, "am", "pm"]
+    + [f"{day}s" for day in _WEEKDAYS]
+    + [*_WEEKDAYS, "mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun"]
+    + ["weekday", "weekdays", "weekend", "weekends", "workdays"]
+)
+"""Words that only spell a value (months, weekdays, units, currencies, number words): not
+content."""
 _TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s*(am|pm|a\.m\.|p\.m\.)|\b(\d{1,2}):(\d{2})\b", re.I)
 _CODE = re.compile(
     r"\b(?:[A-Z]{2,}[ -]?|[A-Za-z]{2,}-)\d[\d-]{1,}\d\b|\b[A-Za-z]{2,}\d[\d-]{3,}\d\b"
@@ -64,6 +75,8 @@ _CODE = re.compile(
 _SPACED_METRE = re.compile(r"(?<![$£€¥₹\d.,])(\d+(?:[.,]\d+)?) m\b(?![\w'])")
 """A number, a space and a bare "m" not after a currency: metres ("1.8 m wide"); "$1.8m" and
 "1.8m" stay millions."""
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?:/\d{1,2})?(?![\w.]*\d)")
+"""A dotted IPv4 address ("10.40.3.61", "10.0.0.0/16"), each part at most 255."""
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _URL = re.compile(r"\bhttps?://[^\s,;)]+[^\s,;).]")
 _HYPHENATED = re.compile(r"(\d|\b(?:" + "|".join(NUMBER_WORDS) + r"))-([A-Za-z])", re.I)
@@ -126,11 +139,31 @@ def _dates(text: str, out: set[str]) -> str:
     while (m := _BARE_MONTH.search(text)) is not None:
         out.add(f"month:{_MONTHS[m.group().lower()]:02d}")
         text = _blank(text, m)
+    text = _day_ranges(text, out)
     for m in _WEEKDAY.finditer(text):
         if m.group(1):
             out.add(f"weekday:{_WEEKDAYS[m.group(1).lower()]}")
         elif m.group(2)[0].isupper():
             out.add(f"weekday:{_WEEKDAY_ABBR[m.group(2).lower()]}")
+    return text
+
+
+def _day_number(word: str) -> int:
+    word = word.lower()
+    if word in _WEEKDAYS:
+        return _WEEKDAYS[word]
+    return next(n for name, n in _WEEKDAYS.items() if name.startswith(word[:3]))
+
+
+def _day_ranges(text: str, out: set[str]) -> str:
+    """A run of weekdays is one value, ``days:<first>-<last>`` ("Mon-Fri" = "weekdays" =
+    ``days:1-5``): the days of one opening time, not five values."""
+    while (m := _DAY_RANGE.search(text)) is not None:
+        out.add(f"days:{_day_number(m.group(1))}-{_day_number(m.group(2))}")
+        text = _blank(text, m)
+    while (m := _DAY_SETS.search(text)) is not None:
+        out.add(_DAY_SET_VALUES[0] if m.group(1) else _DAY_SET_VALUES[1])
+        text = _blank(text, m)
     return text
 
 
@@ -149,6 +182,10 @@ def _times(text: str, out: set[str]) -> str:
 
 
 def _addresses(text: str, out: set[str]) -> str:
+    for found in list(_IPV4.finditer(text)):
+        if all(int(part) <= 255 for part in found.group().split("/")[0].split(".")):
+            out.add(f"ip:{found.group()}")
+            text = text.replace(found.group(), " ; ", 1)
     for pattern, kind in ((_EMAIL, "email"), (_URL, "url")):
         while (m := pattern.search(text)) is not None:
             out.add(f"{kind}:{m.group().lower().rstrip('/')}")

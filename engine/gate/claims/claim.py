@@ -42,6 +42,14 @@ class Claim:
     owners: frozenset[str]
     """Lemmas of the subject's possessors ("Paolo Ricci's manager": paolo, ricci; pronouns
     out): whose attribute the subject is."""
+    qualifiers: frozenset[str]
+    """Lemmas of the nouns compounded onto the subject's head ("the hallway thermostat":
+    hallway; "the garden office thermostat": garden, office): which of several like things the
+    subject is."""
+    counts: frozenset[str]
+    """Numbers that count a noun, as ``<canonical number> <noun lemma>`` ("five items" and "5
+    items" are both ``num:5 item``): a bare number before the noun it counts. A number after its
+noun names the thing instead ("Field 7", "Route 14") and is no count."""
     names: frozenset[str]
     """Content lemmas that name or qualify (proper nouns, possessors, adjectives, noun
     modifiers), subject included: the
@@ -78,12 +86,16 @@ def claim(text: str) -> Claim:
     subject: set[str] = set()
     owners: set[str] = set()
     subject_values: set[str] = set()
+    qualifiers: set[str] = set()
     for pred in preds:
         for child in pred.children:
             if child.dep_ in ("nsubj", "nsubjpass"):
                 subject.update(_lemma(t) for t in child.subtree if _is_content(t))
                 span = doc[child.left_edge.i : child.right_edge.i + 1]
                 subject_values.update(values(span.text))
+                for mod in child.children:
+                    if mod.dep_ == "compound" and mod.pos_ in ("NOUN", "PROPN"):
+                        qualifiers.update(_lemma(t) for t in mod.subtree if _is_content(t))
                 for poss in (t for t in child.subtree if t.dep_ == "poss" and t.pos_ != "PRON"):
                     owners.update(_lemma(t) for t in poss.subtree if t.pos_ != "PART")
     negated = any(t.dep_ == "neg" or t.lower_ in _NEGATORS for t in doc)
@@ -110,6 +122,13 @@ def claim(text: str) -> Claim:
         parts=tuple(parts),
         predicates=tuple(_lemma(p) for p in preds),
         owners=frozenset(owners),
+        qualifiers=frozenset(qualifiers),
+        counts=frozenset(
+            f"{value} {_lemma(t.head)}"
+            for t in doc
+            if t.dep_ == "nummod" and t.head.pos_ == "NOUN" and t.i < t.head.i
+            for value in values(t.text)
+        ),
         subject_values=frozenset(subject_values),
         names=frozenset(
             _lemma(t)

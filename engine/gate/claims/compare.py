@@ -19,6 +19,7 @@ from engine.gate.claims.claim import Claim
 from engine.gate.overlap import close
 
 __all__ = [
+    "adds_beside",
     "changed_kinds",
     "changes_value",
     "coverage",
@@ -31,19 +32,40 @@ _LIGHT = frozenset({"be", "have", "get", "do"})
 
 
 def coverage(words: frozenset[str], pool: frozenset[str]) -> float:
-    """Share of ``words`` found in ``pool`` (typo-tolerant); 1.0 for no words."""
+    """Share of ``words`` found in ``pool`` (typo- and abbreviation-tolerant); 1.0 for no
+    words."""
     if not words:
         return 1.0
-    return sum(1 for w in words if any(close(w, p) for p in pool)) / len(words)
+    return sum(1 for w in words if any(_same_word(w, p) for p in pool)) / len(words)
 
 
-_WEAK = ("num:", "weekday:", "month:", "ord:")
+def _same_word(a: str, b: str) -> bool:
+    return close(a, b) or abbreviates(a, b) or abbreviates(b, a)
+
+
+def abbreviates(short: str, word: str) -> bool:
+    """``short`` is a contraction of ``word``: 2-4 letters, the word's first and last letter,
+    the rest in order ("st" street, "mgr" manager, "appt" appointment, "wk" week)."""
+    if not 2 <= len(short) <= 4 or len(word) < len(short) + 2 or not short.isalpha():
+        return False
+    if short[0] != word[0] or short[-1] != word[-1]:
+        return False
+    rest = iter(word[1:-1])
+    return all(ch in rest for ch in short[1:-1])
+
+
+_WEAK = ("num:", "weekday:", "days:", "month:", "ord:")
 """Values too common to identify a claim alone: a bare number ("Route 14"), a weekday, a month,
 an ordinal."""
 
 
-def restates(memory: Claim, fact: Claim, min_coverage: float) -> bool:
+def restates(memory: Claim, fact: Claim, min_coverage: float, count_coverage: float = 0.5) -> bool:
+    """``count_coverage`` is the content share needed when the fact's only values are counts
+    of a noun the memory counts the same ("five items" / "5 items"): a count names less than
+    an amount or a date does, so more of the wording must agree."""
     typed = any(not v.startswith(_WEAK) for v in fact.values)
+    if not typed and fact.counts & memory.counts:
+        typed, min_coverage = True, max(min_coverage, count_coverage)
     if not typed or not fact.values <= memory.values or fact.negated != memory.negated:
         return False  # a bare number ("Route 14") may be part of a name: too weak alone
     known = memory.content | memory.subject
@@ -92,6 +114,8 @@ def values_left(memory: frozenset[str], fact: frozenset[str]) -> int:
 
 def _kind(value: str) -> str:
     head, _, rest = value.partition(":")
+    if head == "days":
+        return "weekday"  # a run of weekdays stands where a weekday would
     return f"qty:{rest.partition(':')[0]}" if head == "qty" else head
 
 
@@ -116,3 +140,18 @@ def changed_kinds(memory: frozenset[str], fact: frozenset[str]) -> frozenset[str
     holds another value of that kind: the values the fact would change in this memory."""
     new, old = fact - memory, memory - fact
     return frozenset({_kind(v) for v in new} & {_kind(v) for v in old})
+
+
+_UNTYPED = frozenset({"num", "weekday", "month", "year", "ord"})
+
+
+def adds_beside(memory: Claim, fact: Claim) -> bool:
+    """The fact states typed values (amounts, dates, ids, quantities...) the memory lacks, and
+    the memory holds typed values of its own (outside its subject) of which the fact changes
+    none: "LT-0932 is a Dell Latitude 7440 with 32 GB RAM" beside "LT-0932 runs Windows 11
+    24H2". The fact speaks of another attribute of the subject, or adds detail to it."""
+    mine = {v for v in memory.values - memory.subject_values if _kind(v) not in _UNTYPED}
+    new = {v for v in fact.values - memory.values if _kind(v) not in _UNTYPED}
+    if not mine or not new:
+        return False
+    return not {_kind(v) for v in new} & {_kind(v) for v in mine - fact.values}

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from engine.gate.claims.claim import claim
+from engine.gate.claims.compare import coverage
 from engine.gate.claims.nlp import parse
 
 __all__ = ["frame", "shared_subject", "subject_relation"]
@@ -37,11 +38,19 @@ def subject_relation(a: str, b: str) -> str:
     if not ca.subject or not cb.subject:
         return "unknown"
     if _named_apart(ca.subject_values, cb.subject_values):
-        return "disjoint"  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
+        return "apart"  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
         return "disjoint"  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
+    if _unmatched(ca.qualifiers, wb | cb.names) and _unmatched(cb.qualifiers, wa | ca.names):
+        return "disjoint"  # the hallway thermostat, the garden office one
     return "shared" if ca.subject & wb or cb.subject & wa else "disjoint"
+
+
+def _unmatched(words: frozenset[str], pool: frozenset[str]) -> bool:
+    """``words`` (one subject's qualifiers) are there, and none occurs in ``pool`` (the other
+    text's words)."""
+    return bool(words) and coverage(words, pool) == 0.0
 
 
 def _named_apart(a: frozenset[str], b: frozenset[str]) -> bool:
