@@ -331,6 +331,8 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> bool:
     multi = [r for r in rows if r["namespaces"] > 1]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [2, 1]})
     ax = axes[0]
+    if not single:  # a run of the many-namespace scenario alone: nothing on a log-log axis
+        ax.axis("off")
     xs = [r["memories"] for r in single]
     series = [
         ("memgate, deberta-v3-small int8", "memgate_deberta", "-", "o"),
@@ -338,18 +340,20 @@ def plot(path: Path, rows: list[dict[str, Any]], title: str) -> bool:
         ("best-effort PyTorch", "pytorch", "k--", "^"),
         ("seed as published (extrapolated)", "seed", "r:", "x"),
     ]
-    for label, key, style, marker in series:
-        ax.plot(xs, [r[key] for r in single], style, marker=marker, label=label)
-    ref = [(n, v) for n, v in REFERENCE_PYTORCH.items() if n in xs]
-    if ref:
-        ax.plot(*zip(*ref, strict=True), "k+", markersize=10, label="PyTorch, earlier reference")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("memories in the namespace (N)")
-    ax.set_ylabel("facts/s (batch triage)")
-    ax.set_title("one namespace")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if single:
+        for label, key, style, marker in series:
+            ax.plot(xs, [r[key] for r in single], style, marker=marker, label=label)
+        ref = [(n, v) for n, v in REFERENCE_PYTORCH.items() if n in xs]
+        if ref:
+            earlier = "PyTorch, earlier reference"
+            ax.plot(*zip(*ref, strict=True), "k+", markersize=10, label=earlier)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("memories in the namespace (N)")
+        ax.set_ylabel("facts/s (batch triage)")
+        ax.set_title("one namespace")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
     ax = axes[1]
     if multi:
         r = multi[0]
@@ -788,9 +792,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['cpu']}, {args.threads} threads, M = {args.facts}, git "
         f"{result['git']['sha'][:10]}; {mode} mode"
     )
+    path = write_json(Path(args.out), NAME, result, stamp=stamp)  # before the plot: a
+    # plotting error must not lose an hour-long run's figures
     if plot(png, rows, title):
         result["plot"] = str(png)
-    path = write_json(Path(args.out), NAME, result, stamp=stamp)
+        write_json(Path(args.out), NAME, result, stamp=stamp)
     print(f"\nwrote {path}" + (f" and {png}" if "plot" in result else ""))
     return 0
 

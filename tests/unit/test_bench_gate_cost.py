@@ -1,5 +1,6 @@
 """bench_gate_cost's pure parts on synthetic rounds: the summary's medians and ratios, the memo
-cache clearing, the revision default, bench_gate's scenario keys. No model runs here."""
+cache clearing, the revision default, bench_gate's scenario keys and its plot. No model runs
+here."""
 
 from __future__ import annotations
 
@@ -104,3 +105,25 @@ def test_scenario_keys_are_unique_and_short() -> None:
         )
     ]
     assert keys == ["1k", "100k", "300", "10000x100"]
+
+
+@pytest.mark.parametrize("namespaces", [[1, 1], [1, 10_000], [10_000]])
+def test_bench_gate_plots_any_mix_of_scenarios(tmp_path: Path, namespaces: list[int]) -> None:
+    """A run of the many-namespace scenario alone (``--scenarios 10000x100``) has no
+    one-namespace curve; the plot must still be drawn (a log axis with no data raised)."""
+    pytest.importorskip("matplotlib")
+    rows = [
+        {
+            "namespaces": n,
+            "per_namespace": 100 if n > 1 else 1000 * (i + 1),
+            "memories": 100 * n if n > 1 else 1000 * (i + 1),
+            "memgate_deberta": 25.6,
+            "memgate_aegis": 27.6,
+            "pytorch": 13.9,
+            "seed": 1.4,
+        }
+        for i, n in enumerate(namespaces)
+    ]
+    png = tmp_path / "gate.png"
+    assert bench_gate.plot(png, rows, "synthetic")
+    assert png.stat().st_size > 1000
