@@ -1,0 +1,67 @@
+"""heldout4/5/6.jsonl are frozen: each one's sha256 is the one in its section of
+benchmarks/data/README.md, the category table there matches the file, and it passes the
+structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+
+# file stem, id prefix, sha256 (as in its README section), fewest [trap] cases
+FROZEN = [
+    ("heldout4", "h4", "13345ccc0aa4d56267bbdbe859546c40ccab5d8575c812af342436826057ad82", 32),
+    ("heldout5", "h5", "0ecb4100331483e6ac0cb08346e2058502def48c1cc5698f6d8f3af826d912c3", 34),
+    ("heldout6", "h6", "736ded280f55ae75befb5e200a2c565676805c6e2371eceeb1cb24c6a5779a20", 34),
+]
+pytestmark = pytest.mark.parametrize(
+    ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
+)
+
+
+def _section(stem: str) -> str:
+    """The `## <stem>.jsonl` section of the data README (up to the next `## ` heading)."""
+    text = (DATA / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"## {stem}.jsonl")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
+def _cases(stem: str) -> list[dict]:
+    text = (DATA / f"{stem}.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line]
+
+
+def test_sha256_is_the_one_in_its_readme_section(
+    stem: str, prefix: str, sha256: str, min_traps: int
+) -> None:
+    assert hashlib.sha256((DATA / f"{stem}.jsonl").read_bytes()).hexdigest() == sha256
+    assert sha256 in _section(stem)
+
+
+def test_readme_table_matches_the_file(stem: str, prefix: str, sha256: str, min_traps: int) -> None:
+    rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for case in _cases(stem):
+        rows[case["category"]][case["expected"]["action"]] += 1
+    section = _section(stem)
+    for category, row in rows.items():
+        cells = " | ".join(
+            str(row[a]) if row[a] else "" for a in ("replace", "add", "skip", "review")
+        )
+        assert f"| {category} | {sum(row.values())} | {cells} |" in section, category
+
+
+def test_ids_structure_and_traps(stem: str, prefix: str, sha256: str, min_traps: int) -> None:
+    checks = runpy.run_path(str(DATA / "check_traps.py"))
+    cases = _cases(stem)
+    assert [c["id"] for c in cases] == [f"{prefix}-{n:04d}" for n in range(1, len(cases) + 1)]
+    assert checks["structure_errors"](cases) == []
+    n_traps, trap_errors = checks["trap_errors"](cases)
+    assert trap_errors == []
+    assert n_traps >= min_traps
