@@ -216,7 +216,9 @@ class Evidence:
     key_conflict: bool = False
     conflict_reason: str = ""
     mismatch: str = ""
-    """Non-empty when entities/numbers show the candidate is about something else."""
+    """Non-empty when the candidate is shown to be about something else: ``other_subject``, the
+    fact says what the memory says, of another subject
+    (:func:`engine.gate.claims.says_of_another`)."""
     contained: bool = False
     """The memory already says everything the new fact says (same polarity)."""
     partial: bool = False

@@ -2,8 +2,8 @@
 
 Adds the lexical signals the model misses (the memory already contains the fact; the memory
 packs several claims and the fact leaves some standing; the fact restates, changes or adds to
-the memory's canonical values), computed only where they can matter: at or above the lowest
-floor.
+the memory's canonical values; the fact says what the memory says, of another subject),
+computed only where they can matter: at or above the lowest floor.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class _Claims(NamedTuple):
     value_change: bool = False
     restated: bool = False
     beside: bool = False
+    another: bool = False
 
 
 def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
@@ -38,6 +39,7 @@ def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
         value_change=claims.changes_value(old, new),
         restated=claims.restates(old, new, policy.restate_coverage),
         beside=claims.adds_beside(old, new),
+        another=claims.says_of_another(old, new),
     )
 
 
@@ -57,6 +59,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         key=ref.key or ref.inferred_key,
         key_match=bool(rel and rel.key_match),
         key_conflict=bool(rel and rel.key_conflict),
+        mismatch="other_subject" if got.another else "",
         conflict_reason=rel.reason if rel else "",
         contained=near and not got.new_values and overlap.contains(ref.text, fact.text),
         partial=near and (overlap.claims(ref.text, fact.text).partial or got.partial),

@@ -11,6 +11,7 @@ from engine.gate.claims import (
     claim,
     partial,
     restates,
+    says_of_another,
     values,
     values_left,
 )
@@ -143,6 +144,64 @@ def test_typed_values_beside_the_memory_s_own() -> None:
     assert not adds_beside(claim("Rent is $2,200 a month."), claim("Rent is $2,350 from March."))
     # the memory has no typed value of its own: nothing to stand beside
     assert not adds_beside(claim("Halcyon is a sailboat."), claim("Halcyon is 11.6 m long."))
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact"),
+    [
+        # a note: the label names the subject, the value after the colon is the same
+        ("Ms Varga's tutor on Tuesdays: Idris Kalu.", "Mr Varga's tutor on Tuesdays: Idris Kalu."),
+        ("Night porter for Block C: Ana Fonseca.", "Day porter for Block C: Ana Fonseca."),
+        # one value, said of another weekday's session
+        (
+            "Choir accompanist on Mondays: Petra Holm.",
+            "Choir accompanist on Thursdays: Petra Holm.",
+        ),
+        # a sentence: verb and object said again of another subject
+        ("Ward 6's ward round is at 09:15.", "Ward 8's ward round is at 09:15."),
+        ("The east gate closes at 22:00.", "The west gate closes at 22:00."),
+    ],
+)
+def test_the_same_thing_said_of_another_subject(memory: str, fact: str) -> None:
+    assert says_of_another(claim(memory), claim(fact))
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact"),
+    [
+        # what is said changes: an update, not another subject
+        ("Lena's loyalty tier: Silver.", "Lena's loyalty tier: Platinum."),
+        ("Ward 6's ward round is at 09:15.", "Ward 6's ward round is at 10:00."),
+        # a verb that changes what is said of the same things
+        (
+            "Omar is subscribed to the Fernleaf digest.",
+            "Omar unsubscribed from the Fernleaf digest.",
+        ),
+        # fewer values of one kind: the fact narrows the memory
+        ("Ines trains on Mondays and Fridays.", "Ines trains on Mondays."),
+        # a short capital is a value ("size M" -> "size L")
+        ("Theo wears a size M in jackets.", "Theo wears a size L in jackets."),
+        # the polarity flips
+        ("The annex lift is working.", "The annex lift is not working."),
+        # the same subject too: a restatement, not another subject
+        ("The east gate closes at 22:00.", "The east gate closes at 22:00."),
+        # no subject to tell apart (an instruction)
+        ("Reply in French.", "Reply in French."),
+    ],
+)
+def test_what_is_not_the_same_thing_said_of_another_subject(memory: str, fact: str) -> None:
+    assert not says_of_another(claim(memory), claim(fact))
+
+
+def test_claim_splits_what_is_said_from_whom_it_is_said_of() -> None:
+    said = claim("Mr Varga's tutor on Tuesdays: Idris Kalu.").said
+    assert said is not None and said.verb == ""
+    assert {"idris", "kalu"} <= said.words and "tutor" in said.front
+    assert said.front_values == {"weekday:2"} and not said.values
+    said = claim("Ward 8's ward round is at 09:15.").said
+    assert said is not None and said.verb == "be" and said.values == {"time:09:15"}
+    assert "ward" in said.front and "8" not in said.words
+    assert claim("Reply in French.").said is None  # no subject
 
 
 def test_vocabulary_tables_are_consistent() -> None:

@@ -11,6 +11,7 @@ from engine.gate.identify import _named_by_subject, identify
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.thresholds import for_embedder
+from engine.gate.weigh import weigh
 from engine.runtime.fake import FakeEmbedder
 from engine.types import Fact
 
@@ -198,3 +199,26 @@ def test_a_near_rival_with_the_closer_frame_makes_the_target_ambiguous() -> None
     # a rival whose frame is farther does not: the most similar proven candidate is replaced
     farther = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.5, key_match=True)
     assert decide([morning, farther], STRICT).action == "replace"
+
+
+def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
+    """weigh reads the texts: the fact says what the memory says, of another subject, so the
+    memory is a sibling (mismatch ``other_subject``). Neither strict replaces it nor review
+    queues it, however sure the model is; the same texts with a changed value still conflict."""
+    p = _probe(
+        "Mr Varga's tutor on Tuesdays: Idris Kalu.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
+    )
+    p.hits[0].contradiction = p.hits[0].reverse_contradiction = 0.99
+    p.hits[0].attribute, p.hits[0].subject = 1.0, "unknown"
+    ev = weigh(p, p.hits[0], STRICT, "m0")
+    assert ev.mismatch == "other_subject"
+    for policy in (STRICT, REVIEW):
+        v = decide([ev], policy)
+        assert (v.action, v.candidates[0].reason) == ("add", "mismatch:other_subject")
+    q = _probe(
+        "Ms Varga's tutor on Tuesdays: Nadia Osei.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
+    )
+    q.hits[0].contradiction = q.hits[0].reverse_contradiction = 0.99
+    q.hits[0].attribute, q.hits[0].subject = 1.0, "unknown"
+    ev = weigh(q, q.hits[0], STRICT, "m0")
+    assert ev.mismatch == "" and decide([ev], STRICT).action == "replace"

@@ -9,6 +9,7 @@ from engine.gate.claims.compare import (
     changes_value,
     partial,
     restates,
+    says_of_another,
     values_left,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "claim",
     "partial",
     "restates",
+    "says_of_another",
     "values",
     "values_left",
 ]

@@ -16,7 +16,7 @@ from typing import Any
 from engine.gate.claims.canon import FORMAT_WORDS, values
 from engine.gate.claims.nlp import parse
 
-__all__ = ["Claim", "claim"]
+__all__ = ["Claim", "Said", "claim"]
 
 _CONTENT_POS = frozenset({"NOUN", "PROPN", "VERB", "ADJ", "ADV", "NUM"})
 _NEGATORS = frozenset({"no", "not", "never", "none", "nobody", "nothing", "without", "n't"})
@@ -54,6 +54,72 @@ noun names the thing instead ("Field 7", "Route 14") and is no count."""
     """Content lemmas that name or qualify (proper nouns, possessors, adjectives, noun
     modifiers), subject included: the
     words a changed value in words shows in ("Gold" for "Bronze", "evening" for "morning")."""
+    said: Said | None
+    """What the text says of its subject, apart from the subject (None when it cannot be told
+    apart: no single verb root with a subject, and no ``label: value`` note)."""
+    lexicon: frozenset[str]
+    """Every word of the text, lower-cased, and its lemma."""
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    """A text split into who it is about (``front``) and what it says of them (``words``,
+    ``values``, ``verb``). "Mrs Oduya's lunch visit is at 12:45": front "mrs oduya lunch
+    visit", values 12:45, verb "be". "Gate agent for BX 419: Tomas Reyes" (a note): front "gate
+    agent bx" and BX 419, words "tomas reyes", no verb."""
+
+    front: frozenset[str]
+    front_values: frozenset[str]
+    words: frozenset[str]
+    values: frozenset[str]
+    verb: str
+
+
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def _said_word(tok: Any) -> bool:
+    """A word that carries meaning when comparing what two texts say: content words (spaCy's
+    stop list aside: "full", "front", "last" matter here), determiners other than articles
+    ("both", "no", "every"), spelt ordinals ("second") and short capitals ("L", "XL")."""
+    if _is_content(tok):
+        return True
+    if tok.pos_ in ("NOUN", "PROPN", "VERB", "ADJ") and tok.is_alpha:
+        return tok.lower_ not in FORMAT_WORDS
+    if tok.dep_ in ("det", "predet") and tok.lower_ not in _ARTICLES:
+        return True
+    if tok.pos_ == "ADJ" and tok.like_num and tok.is_alpha:
+        return True
+    return bool(tok.is_upper and tok.is_alpha and len(tok.text) <= 3 and tok.text != "I")
+
+
+def _said(doc: Any) -> Said | None:
+    colon = next((t.i for t in doc if t.text == ":"), None)
+    root_i = -1
+    if colon is not None:  # a note, "label: value"
+        verb, rest = "", [t for t in doc if t.i > colon]
+    else:
+        roots = [t for t in doc if t.dep_ == "ROOT"]
+        if len(roots) != 1 or roots[0].pos_ not in ("VERB", "AUX"):
+            return None
+        root = roots[0]
+        subj = {t.i for c in root.children if c.dep_ in ("nsubj", "nsubjpass") for t in c.subtree}
+        if not subj:
+            return None
+        root_i, verb = root.i, _lemma(root)
+        rest = [t for t in doc if t.i not in subj and t.i != root_i]
+    if not rest:
+        return None
+    said_ids = {t.i for t in rest}
+    front = [t for t in doc if t.i not in said_ids and t.i != root_i]
+
+    def words(toks: list[Any]) -> frozenset[str]:
+        return frozenset(_lemma(t) if _is_content(t) else t.lower_ for t in toks if _said_word(t))
+
+    def text(toks: list[Any]) -> str:
+        return "".join(t.text_with_ws for t in toks)
+
+    return Said(words(front), values(text(front)), words(rest), values(text(rest)), verb)
 
 
 def _lemma(tok: Any) -> str:
@@ -136,4 +202,6 @@ def claim(text: str) -> Claim:
             if (_is_content(t) or t.dep_ == "poss" and t.pos_ != "PRON")
             and (t.pos_ in ("PROPN", "ADJ") or t.dep_ in ("compound", "amod", "nmod", "poss"))
         ),
+        said=_said(doc),
+        lexicon=frozenset(w for t in doc for w in (t.lower_, _lemma(t))),
     )

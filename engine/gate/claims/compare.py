@@ -11,6 +11,7 @@
   others; :func:`values_left` counts the same for values (a fact changing one of several).
 * :func:`changes_value` / :func:`changed_kinds`: which of the memory's values a fact changes,
   and whether that is all it does.
+* :func:`says_of_another`: the fact says what the memory says, of another subject.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from engine.gate.overlap import close
 
 __all__ = [
     "adds_beside",
+    "says_of_another",
     "changed_kinds",
     "changes_value",
     "coverage",
@@ -155,3 +157,39 @@ def adds_beside(memory: Claim, fact: Claim) -> bool:
     if not mine or not new:
         return False
     return not {_kind(v) for v in new} & {_kind(v) for v in mine - fact.values}
+
+
+_LIGHT_VERBS = frozenset({"be", "have"})
+
+
+def says_of_another(memory: Claim, fact: Claim) -> bool:
+    """The fact says what the memory says, word for word and value for value, but of another
+    subject: "Mr Oduya's carer on weekdays: Lorna Baptiste" beside "Mrs Oduya's carer on
+    weekdays: Lorna Baptiste"; "Mrs Oduya's lunch visit is at 12:45" beside "Mr Oduya (her
+    husband) has a lunch visit at 12:45"; "Kids' club coach on Sundays: Rowan Tait" beside "...
+    on Saturdays: Rowan Tait". An update changes what is said of a subject; when everything the
+    fact says is already said, the difference lies in whom it is said of, and the memory is a
+    sibling, never the fact's target, whatever the model scores.
+
+    Everything said must be there: each word, each value (and no other value of its kind in the
+    memory: "Mondays only" after "Mondays and Fridays" narrows), the verb unless it is a light
+    one ("opted out of the newsletter" after "is subscribed to the newsletter" changes what is
+    said), the same polarity; and the subject side must differ (else it is a restatement)."""
+    said = fact.said
+    if said is None or not (said.words or said.values) or fact.negated != memory.negated:
+        return False
+    if not said.values <= memory.values:
+        return False
+    kinds = {_kind(v) for v in said.values}
+    if any(_kind(v) in kinds for v in memory.values - said.values):
+        return False
+    if said.verb and said.verb not in _LIGHT_VERBS and said.verb not in memory.lexicon:
+        return False
+    if coverage(said.words, memory.lexicon) < 1.0:
+        return False
+    theirs = memory.said.front if memory.said is not None else frozenset()
+    return (
+        coverage(said.front, memory.lexicon) < 1.0
+        or not said.front_values <= memory.values
+        or coverage(theirs, fact.lexicon) < 1.0
+    )
