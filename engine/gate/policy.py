@@ -218,7 +218,9 @@ class Evidence:
     mismatch: str = ""
     """Non-empty when the candidate is shown to be about something else: ``other_subject``, the
     fact says what the memory says, of another subject
-    (:func:`engine.gate.claims.says_of_another`)."""
+    (:func:`engine.gate.claims.says_of_another`); ``other_instance``, the two name two things
+    of one kind on their subject side, "Hive 2" and "Hive 4"
+    (:func:`engine.gate.claims.named_apart`)."""
     contained: bool = False
     """The memory already says everything the new fact says (same polarity)."""
     partial: bool = False

@@ -2,7 +2,8 @@
 
 Adds the lexical signals the model misses (the memory already contains the fact; the memory
 packs several claims and the fact leaves some standing; the fact restates, changes or adds to
-the memory's canonical values; the fact says what the memory says, of another subject),
+the memory's canonical values; the fact says what the memory says, of another subject; the
+two name two things of one kind, "Hive 2" and "Hive 4"),
 computed only where they can matter: at or above the lowest floor.
 """
 
@@ -27,6 +28,7 @@ class _Claims(NamedTuple):
     restated: bool = False
     beside: bool = False
     another: bool = False
+    apart: bool = False
 
 
 def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
@@ -40,6 +42,7 @@ def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
         restated=claims.restates(old, new, policy.restate_coverage),
         beside=claims.adds_beside(old, new),
         another=claims.says_of_another(old, new),
+        apart=claims.named_apart(old, new),
     )
 
 
@@ -59,7 +62,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         key=ref.key or ref.inferred_key,
         key_match=bool(rel and rel.key_match),
         key_conflict=bool(rel and rel.key_conflict),
-        mismatch="other_subject" if got.another else "",
+        mismatch="other_subject" if got.another else "other_instance" if got.apart else "",
         conflict_reason=rel.reason if rel else "",
         contained=near and not got.new_values and overlap.contains(ref.text, fact.text),
         partial=near and (overlap.claims(ref.text, fact.text).partial or got.partial),

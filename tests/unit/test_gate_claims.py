@@ -9,6 +9,7 @@ from engine.gate.claims import (
     adds_beside,
     changes_value,
     claim,
+    named_apart,
     partial,
     restates,
     says_of_another,
@@ -191,6 +192,27 @@ def test_the_same_thing_said_of_another_subject(memory: str, fact: str) -> None:
 )
 def test_what_is_not_the_same_thing_said_of_another_subject(memory: str, fact: str) -> None:
     assert not says_of_another(claim(memory), claim(fact))
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "apart"),
+    [
+        ("Kiln 3 is fired on Fridays.", "Kiln 5 is fired on Saturdays now.", True),
+        ("Tram TR-14 is out of service.", "Tram TR-15 is back in service.", True),
+        ("Bay 12 charger: 22 kW.", "Bay 9 charger: 50 kW.", True),
+        ("Found a leak on Pump 2.", "Pump 4 has a leak.", True),  # one text does not split
+        # neither text splits: where the number stands cannot be told
+        ("Kiln 3 fires on Fridays.", "Kiln 5 fires on Saturdays.", False),
+        # the number after the verb is what is said: it may be the change
+        ("Mira's class meets in room 214.", "Mira's class now meets in room 310.", False),
+        ("Pump 2 feeds tank 7.", "Pump 2 feeds tank 9 now.", False),
+        # a move from one to the other names both
+        ("The spare van is in bay 4.", "The spare van moved from bay 4 to bay 6.", False),
+        ("Kiln 3 is fired on Fridays.", "Kiln 3 is fired on Saturdays now.", False),
+    ],
+)
+def test_two_things_of_one_kind_named_apart(memory: str, fact: str, apart: bool) -> None:
+    assert named_apart(claim(memory), claim(fact)) is apart
 
 
 def test_claim_splits_what_is_said_from_whom_it_is_said_of() -> None:

@@ -9,6 +9,7 @@ lemmas of the nouns, verbs, adjectives and adverbs outside the values.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -59,6 +60,10 @@ noun names the thing instead ("Field 7", "Route 14") and is no count."""
     apart: no single verb root with a subject, and no ``label: value`` note)."""
     lexicon: frozenset[str]
     """Every word of the text, lower-cased, and its lemma."""
+    labels: frozenset[tuple[str, str, str]]
+    """Things named by a noun and a number ("Hive 4", "BX 419", "MUG-13", "Tier-2"), as
+    (noun lemma, number, where): where is ``front`` (before the verb or the note's colon: the
+    subject side), ``said`` (after it) or ``unknown`` (the text does not split)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,35 @@ def _said(doc: Any) -> Said | None:
         return "".join(t.text_with_ws for t in toks)
 
     return Said(words(front), values(text(front)), words(rest), values(text(rest)), verb)
+
+
+_HYPHEN_LABEL = re.compile(r"([A-Za-z]{2,})-(\d{1,5}[A-Za-z]?)")
+_LABEL_NUMBER = re.compile(r"\d{1,5}[A-Za-z]?")
+
+
+def _labels(doc: Any, split: bool) -> frozenset[tuple[str, str, str]]:
+    """A noun and the number after it, hyphenated or not; see :attr:`Claim.labels`."""
+    colon = next((t.i for t in doc if t.text == ":"), None)
+    roots = [t.i for t in doc if t.dep_ == "ROOT"]
+    edge = colon if colon is not None else (roots[0] if roots else 0)
+    out = set()
+    for tok in doc:
+        hyphen = _HYPHEN_LABEL.fullmatch(tok.text)
+        if hyphen:
+            noun, number = hyphen.group(1).lower(), hyphen.group(2).lower()
+        elif (
+            tok.is_alpha
+            and not tok.is_stop
+            and tok.lower_ not in FORMAT_WORDS
+            and tok.i + 1 < len(doc)
+            and _LABEL_NUMBER.fullmatch(doc[tok.i + 1].text)
+        ):
+            noun, number = _lemma(tok), doc[tok.i + 1].text.lower()
+        else:
+            continue
+        where = "unknown" if not split else "front" if tok.i < edge else "said"
+        out.add((noun, number, where))
+    return frozenset(out)
 
 
 def _lemma(tok: Any) -> str:
@@ -202,6 +236,7 @@ def claim(text: str) -> Claim:
             if (_is_content(t) or t.dep_ == "poss" and t.pos_ != "PRON")
             and (t.pos_ in ("PROPN", "ADJ") or t.dep_ in ("compound", "amod", "nmod", "poss"))
         ),
-        said=_said(doc),
+        said=(said := _said(doc)),
+        labels=_labels(doc, said is not None),
         lexicon=frozenset(w for t in doc for w in (t.lower_, _lemma(t))),
     )

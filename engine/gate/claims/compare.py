@@ -12,6 +12,7 @@
 * :func:`changes_value` / :func:`changed_kinds`: which of the memory's values a fact changes,
   and whether that is all it does.
 * :func:`says_of_another`: the fact says what the memory says, of another subject.
+* :func:`named_apart`: the two texts name two things of one kind on their subject side.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from engine.gate.overlap import close
 
 __all__ = [
     "adds_beside",
+    "named_apart",
     "says_of_another",
     "changed_kinds",
     "changes_value",
@@ -193,3 +195,21 @@ def says_of_another(memory: Claim, fact: Claim) -> bool:
         or not said.front_values <= memory.values
         or coverage(theirs, fact.lexicon) < 1.0
     )
+
+
+def named_apart(memory: Claim, fact: Claim) -> bool:
+    """Both texts name a thing by one noun and a number, on the subject side, and not the same
+    number: "Hive 2 has chalkbrood" and "Found chalkbrood in Hive 4"; "Flight BX 417
+    turnaround" and "Flight BX 419 turnaround"; "SKU MUG-12" and "SKU MUG-13". Two things of a
+    kind, not one thing changed. A number after the verb is what is said, and may be the
+    change ("Kenji's class meets in room 214" -> "room 310"), so it never counts; nor does a
+    text that also names the other's number (a move from one to the other)."""
+    for noun in {n for n, _, _ in memory.labels} & {n for n, _, _ in fact.labels}:
+        mine = [(num, where) for n, num, where in memory.labels if n == noun]
+        theirs = [(num, where) for n, num, where in fact.labels if n == noun]
+        if {num for num, _ in mine} & {num for num, _ in theirs}:
+            continue
+        places = [where for _, where in mine + theirs]
+        if "said" not in places and "front" in places:
+            return True
+    return False
