@@ -25,6 +25,9 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
     [
         ("$1,240,000", "1.24 million dollars"),
         ("USD 1,200", "twelve hundred dollars"),
+        ("£3,615", "three thousand six hundred and fifteen pounds"),
+        ("2,040 people", "two thousand forty people"),
+        ("0.75 cubic metres", "750 litres"),
         ("€34 a month", "34 euros a month"),
         ("31/08/2026", "August 31, 2026"),
         ("12 Nov", "12th of November"),

@@ -243,15 +243,13 @@ def _number(tokens: list[str], i: int) -> tuple[float, int] | None:
     while j < len(tokens) and tokens[j].lower() in MAGNITUDES:
         if tokens[j] == "M" or tokens[j].lower() in ("m", "k") and not tok[0].isdigit():
             break
-        value *= MAGNITUDES[tokens[j].lower()]
+        magnitude = MAGNITUDES[tokens[j].lower()]
+        value *= magnitude
         j += 1
-        if (
-            j + 1 < len(tokens)
-            and tokens[j].lower() == "and"
-            and tokens[j + 1].lower() in NUMBER_WORDS
-        ):
-            rest = _number(tokens, j + 1)
-            if rest is not None:
+        k = j + 1 if j < len(tokens) and tokens[j].lower() == "and" else j
+        if k < len(tokens) and tokens[k].lower() in NUMBER_WORDS and not tok[0].isdigit():
+            rest = _number(tokens, k)  # "four thousand eight hundred (and) twenty"
+            if rest is not None and rest[0] < magnitude:
                 value += rest[0]
                 j = rest[1]
     return value, j
