@@ -36,6 +36,7 @@ def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
     return _Claims(
         new_values=bool(new.values - old.values),
         partial=claims.partial(old, new)
+        or claims.negates_part(old, new)
         or 0 < policy.partial_values <= claims.values_left(old.values, new.values),
         changed_kinds=claims.changed_kinds(old.values, new.values),
         value_change=claims.changes_value(old, new),

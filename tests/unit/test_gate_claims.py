@@ -10,6 +10,7 @@ from engine.gate.claims import (
     changes_value,
     claim,
     named_apart,
+    negates_part,
     partial,
     restates,
     says_of_another,
@@ -216,6 +217,30 @@ def test_what_is_not_the_same_thing_said_of_another_subject(memory: str, fact: s
 )
 def test_two_things_of_one_kind_named_apart(memory: str, fact: str, apart: bool) -> None:
     assert named_apart(claim(memory), claim(fact)) is apart
+
+
+@pytest.mark.parametrize(
+    ("memory", "fact", "part"),
+    [
+        # one of several values of a kind taken back
+        ("Noor teaches on Tuesdays and Thursdays.", "Noor no longer teaches on Thursdays.", True),
+        # one member of a coordination taken back
+        ("The flat is furnished and pet-friendly.", "The flat is no longer pet-friendly.", True),
+        # all of it taken back: a plain negation, not a partial one
+        ("Noor teaches on Thursdays.", "Noor no longer teaches on Thursdays.", False),
+        (
+            "The flat is furnished and pet-friendly.",
+            "The flat is not furnished or pet-friendly.",
+            False,
+        ),
+        # not negated: another rule's business
+        ("Noor teaches on Tuesdays and Thursdays.", "Noor teaches on Thursdays now.", False),
+    ],
+)
+def test_a_negated_fact_that_takes_back_part_of_a_memory(
+    memory: str, fact: str, part: bool
+) -> None:
+    assert negates_part(claim(memory), claim(fact)) is part
 
 
 def test_claim_splits_what_is_said_from_whom_it_is_said_of() -> None:

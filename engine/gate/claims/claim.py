@@ -60,6 +60,10 @@ noun names the thing instead ("Field 7", "Route 14") and is no count."""
     apart: no single verb root with a subject, and no ``label: value`` note)."""
     lexicon: frozenset[str]
     """Every word of the text, lower-cased, and its lemma."""
+    conjuncts: tuple[frozenset[str], ...]
+    """Content lemmas of each member of the text's first coordination, of any part of speech
+    ("is diabetic and on insulin": diabetic / insulin; "works Mondays and Wednesdays at Glebe":
+    the weekdays are values, so work glebe / nothing): what a fact may negate some of."""
     labels: frozenset[tuple[str, str, str]]
     """Things named by a noun and a number ("Hive 4", "BX 419", "MUG-13", "Tier-2"), as
     (noun lemma, number, where): where is ``front`` (before the verb or the note's colon: the
@@ -156,6 +160,26 @@ def _labels(doc: Any, split: bool) -> frozenset[tuple[str, str, str]]:
     return frozenset(out)
 
 
+def _conjuncts(doc: Any) -> tuple[frozenset[str], ...]:
+    first = next((t for t in doc if t.dep_ == "conj"), None)
+    if first is None:
+        return ()
+    members, todo = [first.head], [first.head]
+    while todo:
+        for child in todo.pop().children:
+            if child.dep_ == "conj":
+                members.append(child)
+                todo.append(child)
+    out = []
+    for m in members:
+        inner = {t.i for o in members if o is not m and m.is_ancestor(o) for t in o.subtree}
+        inner |= {  # the subject is shared by the members, not a member's own
+            t.i for c in m.children if c.dep_ in ("nsubj", "nsubjpass") for t in c.subtree
+        }
+        out.append(frozenset(_lemma(t) for t in m.subtree if t.i not in inner and _is_content(t)))
+    return tuple(out)
+
+
 def _lemma(tok: Any) -> str:
     return str(tok.lemma_).lower()
 
@@ -238,5 +262,6 @@ def claim(text: str) -> Claim:
         ),
         said=(said := _said(doc)),
         labels=_labels(doc, said is not None),
+        conjuncts=_conjuncts(doc),
         lexicon=frozenset(w for t in doc for w in (t.lower_, _lemma(t))),
     )

@@ -13,6 +13,7 @@
   and whether that is all it does.
 * :func:`says_of_another`: the fact says what the memory says, of another subject.
 * :func:`named_apart`: the two texts name two things of one kind on their subject side.
+* :func:`negates_part`: a negated fact takes back some of what a memory lists, not all.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.gate.overlap import close
 __all__ = [
     "adds_beside",
     "named_apart",
+    "negates_part",
     "says_of_another",
     "changed_kinds",
     "changes_value",
@@ -213,3 +215,20 @@ def named_apart(memory: Claim, fact: Claim) -> bool:
         if "said" not in places and "front" in places:
             return True
     return False
+
+
+def negates_part(memory: Claim, fact: Claim) -> bool:
+    """The fact is negated where the memory is not, and takes back some of what the memory lists,
+    not all: one of several values of a kind ("no longer works Wednesdays" after "works Mondays
+    and Wednesdays"), or some members of a coordination ("is no longer on insulin" after "is
+    diabetic and on insulin"). The rest still holds: a partial contradiction (review), never a
+    replacement."""
+    if not fact.negated or memory.negated:
+        return False
+    named = fact.values & memory.values
+    for kind in {_kind(v) for v in named}:
+        if sum(_kind(v) == kind for v in memory.values) > sum(_kind(v) == kind for v in named):
+            return True
+    members = [m for m in memory.conjuncts if m]
+    touched = sum(1 for m in members if m & fact.lexicon)
+    return len(members) >= 2 and 0 < touched < len(members)
