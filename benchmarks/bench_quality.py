@@ -53,6 +53,7 @@ HELDOUT_SETS = {
     "heldout-4": DATA / "heldout4.jsonl",
     "heldout-5": DATA / "heldout5.jsonl",
     "heldout-6": DATA / "heldout6.jsonl",
+    "heldout-7": DATA / "heldout7.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar
