@@ -38,6 +38,7 @@ from engine.gate.claims.vocab import CURRENCIES, NUMBER_WORDS, UNITS
         ("twenty-five percent", "25%"),
         ("8pm", "20:00"),
         ("MSKU 448120-3", "MSKU4481203"),
+        ("ISBN 978-0-9552-4411-8", "9780955244118"),
         ("06 12 44 80 19", "0612448019"),
         ("us-east-1", "US-EAST-1"),
         ("3.4 kg", "3400 g"),
@@ -226,6 +227,12 @@ def test_two_things_of_one_kind_named_apart(memory: str, fact: str, apart: bool)
         ("Noor teaches on Tuesdays and Thursdays.", "Noor no longer teaches on Thursdays.", True),
         # one member of a coordination taken back
         ("The flat is furnished and pet-friendly.", "The flat is no longer pet-friendly.", True),
+        # a stored negation made false for one member
+        (
+            "Rafe doesn't do night shifts or school runs.",
+            "Rafe has started doing night shifts.",
+            True,
+        ),
         # all of it taken back: a plain negation, not a partial one
         ("Noor teaches on Thursdays.", "Noor no longer teaches on Thursdays.", False),
         (

@@ -1,15 +1,16 @@
 """Value canonicalisation: the values a text states, each in one canonical spelling.
 
-"$1,240,000", "1.24 million dollars" and "USD 1.24m" are all ``money:usd:1240000``;
-"31/08/2026" and "August 31, 2026" are both ``date:08-31`` plus ``year:2026``; "twelve
-kilometres" and "12 km" are ``qty:m:12000`` (units with an exact factor are read in their
-dimension's base unit, so "3.4 kg" and "3400 g" agree); "MSKU 448120-3" and "MSKU4481203" are
-``id:msku4481203``; "06 12 44 80 19" and "0612448019" are ``tel:612448019``: a phone
-number written nationally ("020 7946 0112") or internationally ("+44 20 7946 0112") is
-``tel:<its last nine digits>``, and other digit runs are ``id:<digits>``. Plain numbers are
-``num:<n>``; e-mail addresses and URLs are ``email:`` / ``url:`` in lower case. A day/month
-date that reads both ways (05/06) yields both readings; a month named alone is ``month:<mm>``,
-a weekday ``weekday:<1-7>`` (Monday = 1), an ordinal ("the 4th") ``ord:<n>``.
+"$1,240,000", "1.24 million dollars" and "USD 1.24m" are all ``money:usd:1240000``; "31/08/2026"
+and "August 31, 2026" are both ``date:08-31`` plus ``year:2026``; "twelve kilometres" and "12
+km" are ``qty:m:12000`` (units with an exact factor are read in their dimension's base unit, so
+"3.4 kg" and "3400 g" agree); "MSKU 448120-3" and "MSKU4481203" are ``id:4481203`` (a code of
+seven or more digits is its digits, "INV-2291" is ``id:inv2291``); "06 12 44 80 19" and
+"0612448019" are ``tel:612448019``: a phone number written nationally ("020 7946 0112") or
+internationally ("+44 20 7946 0112") is ``tel:<its last nine digits>``, and other digit runs are
+``id:<digits>``. Plain numbers are ``num:<n>``; e-mail addresses and URLs are ``email:`` /
+``url:`` in lower case. A day/month date that reads both ways (05/06) yields both readings; a
+month named alone is ``month:<mm>``, a weekday ``weekday:<1-7>`` (Monday = 1), an ordinal ("the
+4th") ``ord:<n>``.
 
 Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
 call" as a date; we only read the formats people write values in.
@@ -85,6 +86,9 @@ warranty" two years."""
 _ORDINAL = re.compile(r"(\d{1,3})(?:st|nd|rd|th)", re.I)
 _PHONE = re.compile(r"^(?:\+|00|0(?!0))")
 _PHONE_DIGITS = 9
+_LONG_CODE = 7
+"""A code with this many digits is its digits alone: "ISBN 978-1-7394-2210-6" and
+"9781739422106", "MSKU 448120-3" and "MSKU4481203" are one identifier each."""
 _DIGIT_RUN = re.compile(r"(?<![\w$£€.,])\+?\d[\d ().-]{5,}\d(?![\w%])")
 _ALNUM = re.compile(r"\b(?=[\w.-]*[A-Za-z])(?=[\w.-]*\d)[A-Za-z0-9][\w.-]*[A-Za-z0-9]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:-[A-Za-z]+)*|[$£€¥₹%°]|\S")
@@ -195,7 +199,11 @@ def _addresses(text: str, out: set[str]) -> str:
 
 def _identifiers(text: str, out: set[str]) -> str:
     while (m := _CODE.search(text)) is not None:
-        out.add("id:" + re.sub(r"[^a-z0-9]", "", m.group().lower()))
+        digits = re.sub(r"\D", "", m.group())
+        if len(digits) >= _LONG_CODE:  # the digits identify it; the letters name the scheme
+            out.add("id:" + digits)
+        else:
+            out.add("id:" + re.sub(r"[^a-z0-9]", "", m.group().lower()))
         text = _blank(text, m)
     for m in list(_DIGIT_RUN.finditer(text)):
         digits = re.sub(r"\D", "", m.group())

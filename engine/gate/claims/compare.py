@@ -218,12 +218,12 @@ def named_apart(memory: Claim, fact: Claim) -> bool:
 
 
 def negates_part(memory: Claim, fact: Claim) -> bool:
-    """The fact is negated where the memory is not, and takes back some of what the memory lists,
-    not all: one of several values of a kind ("no longer works Wednesdays" after "works Mondays
-    and Wednesdays"), or some members of a coordination ("is no longer on insulin" after "is
-    diabetic and on insulin"). The rest still holds: a partial contradiction (review), never a
-    replacement."""
-    if not fact.negated or memory.negated:
+    """The fact flips the polarity of some of what the memory lists, not all: one of several
+    values of a kind ("no longer works Wednesdays" after "works Mondays and Wednesdays"), or
+    some members of a coordination ("is no longer on insulin" after "is diabetic and on
+    insulin"; "has started taking colour work" after "doesn't do colour work or cover-ups").
+    The rest still holds: a partial contradiction (review), never a replacement."""
+    if fact.negated == memory.negated:
         return False
     named = fact.values & memory.values
     for kind in {_kind(v) for v in named}:
