@@ -1,4 +1,4 @@
-"""Gate quality on labelled sets side by side: dev, heldout, heldout-2 to -6, per policy.
+"""Gate quality on labelled sets side by side: dev, heldout, heldout-2 to -8, per policy.
 
 For every configuration and every set, each case runs in its own namespace (memories stored as
 they are, the incoming fact triaged as a dry run: ``engine.evaluate``, what ``memgate eval``
@@ -11,7 +11,7 @@ on the first set (the one the thresholds may be tuned on), then the chosen setti
 other set. The CV estimate is reported beside the held-out figures, so the optimism of the
 in-sample figures shows.
 
-    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2 to -6)
+    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2 to -8)
     python benchmarks/bench_quality.py --cases FILE.jsonl  # another first set
     python benchmarks/bench_quality.py --sets none         # the first set only
     python benchmarks/bench_quality.py --fit none          # no fitted setting
@@ -54,6 +54,7 @@ HELDOUT_SETS = {
     "heldout-5": DATA / "heldout5.jsonl",
     "heldout-6": DATA / "heldout6.jsonl",
     "heldout-7": DATA / "heldout7.jsonl",
+    "heldout-8": DATA / "heldout8.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

@@ -2,7 +2,8 @@
 
 Each set in turn is judged with the setting chosen on the others: that is the estimate of what
 choosing the thresholds is worth on wording they were not chosen on, to report beside the
-held-out figure (issue 12, item 1). The held-out set itself (heldout-7) is never read here.
+held-out figure (issue 12, item 1). The held-out set itself (``HELD_OUT``, heldout-8) is never
+read here.
 
 How. Every case's memories are stored and its fact triaged once, as ``memgate eval`` does
 (``engine.evaluate``), under the base policy, while the evidence the policy rule is handed is
@@ -15,7 +16,7 @@ measured what they need: no lower floor, no lower contradiction bar than the bas
 The objective per fold: correct decisions less wrongful overwrites (a wrongful overwrite counts
 twice), summed over the training sets; ties go to the setting nearest the defaults.
 
-    python benchmarks/cv_thresholds.py                 # the seven tuned-on sets, default grid
+    python benchmarks/cv_thresholds.py                 # the eight tuned-on sets, default grid
     python benchmarks/cv_thresholds.py --grid contradiction=0.95,0.98 --smoke
 """
 
@@ -41,7 +42,17 @@ from benchmarks._common import (  # noqa: E402
 )
 from benchmarks.bench_quality import HELDOUT_SETS, SHARED_EVAL  # noqa: E402
 
-TUNED_ON = ["dev", "heldout", "heldout-2", "heldout-3", "heldout-4", "heldout-5", "heldout-6"]
+TUNED_ON = [
+    "dev",
+    "heldout",
+    "heldout-2",
+    "heldout-3",
+    "heldout-4",
+    "heldout-5",
+    "heldout-6",
+    "heldout-7",
+]
+HELD_OUT = "heldout-8"
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],
     "key_match_contradiction": [0.80, 0.90, 0.95],
@@ -154,8 +165,8 @@ def main() -> int:
     from engine.runtime.session import SessionSettings
 
     paths = {"dev": SHARED_EVAL / "dev.jsonl", **HELDOUT_SETS}
-    if "heldout-7" in args.sets:
-        raise SystemExit("heldout-7 is the held-out set: never choose thresholds on it")
+    if HELD_OUT in args.sets:
+        raise SystemExit(f"{HELD_OUT} is the held-out set: never choose thresholds on it")
     by_set = {name: load_cases(paths.get(name, Path(name))) for name in args.sets}
     if args.smoke:
         by_set = {name: cases[:12] for name, cases in by_set.items()}
