@@ -33,13 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import (  # noqa: E402
-    add_common_args,
-    pyplot,
-    run_header,
-    table,
-    write_json,
-)
+from benchmarks._common import add_common_args, run_header, save_results, table  # noqa: E402
 from benchmarks.bench_quality import HELDOUT_SETS, SHARED_EVAL  # noqa: E402
 
 TUNED_ON = [
@@ -72,7 +66,7 @@ def capture(gate: Any, cases: Sequence[dict[str, Any]], policy: Any) -> tuple[li
     """The evidence list the policy rule saw for each case (in case order), and the store id ->
     case memory id map; one dry-run triage, as ``memgate eval`` runs it."""
     import engine.gate.decide as decide_step
-    from engine.evaluate import stage
+    from engine.evaluate import decide_cases, stage
 
     staged = stage(gate, cases)
     seen: list[list[Any]] = []
@@ -84,9 +78,7 @@ def capture(gate: Any, cases: Sequence[dict[str, Any]], policy: Any) -> tuple[li
 
     decide_step.rule = recording
     try:
-        step = gate.settings.max_batch
-        for start in range(0, len(staged.incoming), step):
-            gate.triage(list(staged.incoming[start : start + step]), policy, apply=False)
+        decide_cases(gate, staged, policy)
     finally:
         decide_step.rule = rule
     if len(seen) != len(cases):  # a keyed or episodic fact never reaches the rule
@@ -191,17 +183,14 @@ def main() -> int:
     print(f"captured {len(cases)} cases in {time.perf_counter() - start:.0f} s", flush=True)
 
     combos = list(itertools.product(*grid.values()))
+    members = {name: [i for i, w in enumerate(where) if w == name] for name in args.sets}
     results: dict[Setting, dict[str, Tally]] = {}
     for n, combo in enumerate(combos, 1):
-        preds = replay(
-            evidence, ids, owners, STRICT.with_overrides(dict(zip(names, combo, strict=True))), rule
-        )
+        policy = STRICT.with_overrides(dict(zip(names, combo, strict=True)))
+        preds = replay(evidence, ids, owners, policy, rule)
         results[combo] = {
-            name: tally(
-                [c for c, w in zip(cases, where, strict=True) if w == name],
-                [p for p, w in zip(preds, where, strict=True) if w == name],
-            )
-            for name in args.sets
+            name: tally([cases[i] for i in idx], [preds[i] for i in idx])
+            for name, idx in members.items()
         }
         if n % 250 == 0 or n == len(combos):
             print(f"  {n}/{len(combos)} settings replayed", flush=True)
@@ -242,21 +231,22 @@ def main() -> int:
         cv={"wrongful_overwrites": cv_wo, "accuracy": cv_ok / n_all, "cases": n_all},
         defaults={"wrongful_overwrites": d_wo, "accuracy": d_ok / n_all, "cases": n_all},
     )
-    path = write_json(args.out, "cv_thresholds", payload)
-    plt = pyplot()
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(7, 3.5))
-        x = range(len(folds))
-        ax.bar([i - 0.2 for i in x], [f["cv"][1] for f in folds], 0.4, label="CV-chosen")
-        ax.bar([i + 0.2 for i in x], [f["default"][1] for f in folds], 0.4, label="defaults")
-        ax.set_xticks(list(x), [f["held"] for f in folds])
-        ax.set_ylabel("wrongful overwrites on the held set")
-        ax.set_title("strict thresholds: leave-one-set-out CV")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(path.with_suffix(".png"), dpi=120)
-    print(f"wrote {path}")
+    save_results(args.out, "cv_thresholds", payload, lambda plt: draw(plt, folds))
     return 0
+
+
+def draw(plt: Any, folds: Sequence[dict[str, Any]]) -> Any:
+    """Wrongful overwrites on each held set: the CV-chosen setting beside the defaults."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    x = range(len(folds))
+    ax.bar([i - 0.2 for i in x], [f["cv"][1] for f in folds], 0.4, label="CV-chosen")
+    ax.bar([i + 0.2 for i in x], [f["default"][1] for f in folds], 0.4, label="defaults")
+    ax.set_xticks(list(x), [f["held"] for f in folds])
+    ax.set_ylabel("wrongful overwrites on the held set")
+    ax.set_title("strict thresholds: leave-one-set-out CV")
+    ax.legend()
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":
