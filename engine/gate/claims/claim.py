@@ -82,6 +82,8 @@ class Said:
     words: frozenset[str]
     values: frozenset[str]
     verb: str
+    edge: int
+    """Index of the token where what is said begins: the note's colon, or the root verb."""
 
 
 _ARTICLES = frozenset({"a", "an", "the"})
@@ -106,7 +108,7 @@ def _said(doc: Any) -> Said | None:
     colon = next((t.i for t in doc if t.text == ":"), None)
     root_i = -1
     if colon is not None:  # a note, "label: value"
-        verb, rest = "", [t for t in doc if t.i > colon]
+        edge, verb, rest = colon, "", [t for t in doc if t.i > colon]
     else:
         roots = [t for t in doc if t.dep_ == "ROOT"]
         if len(roots) != 1 or roots[0].pos_ not in ("VERB", "AUX"):
@@ -115,7 +117,8 @@ def _said(doc: Any) -> Said | None:
         subj = {t.i for c in root.children if c.dep_ in ("nsubj", "nsubjpass") for t in c.subtree}
         if not subj:
             return None
-        root_i, verb = root.i, _lemma(root)
+        edge = root_i = root.i
+        verb = _lemma(root)
         rest = [t for t in doc if t.i not in subj and t.i != root_i]
     if not rest:
         return None
@@ -128,18 +131,15 @@ def _said(doc: Any) -> Said | None:
     def text(toks: list[Any]) -> str:
         return "".join(t.text_with_ws for t in toks)
 
-    return Said(words(front), values(text(front)), words(rest), values(text(rest)), verb)
+    return Said(words(front), values(text(front)), words(rest), values(text(rest)), verb, edge)
 
 
 _HYPHEN_LABEL = re.compile(r"([A-Za-z]{2,})-(\d{1,5}[A-Za-z]?)")
 _LABEL_NUMBER = re.compile(r"\d{1,5}[A-Za-z]?")
 
 
-def _labels(doc: Any, split: bool) -> frozenset[tuple[str, str, str]]:
+def _labels(doc: Any, said: Said | None) -> frozenset[tuple[str, str, str]]:
     """A noun and the number after it, hyphenated or not; see :attr:`Claim.labels`."""
-    colon = next((t.i for t in doc if t.text == ":"), None)
-    roots = [t.i for t in doc if t.dep_ == "ROOT"]
-    edge = colon if colon is not None else (roots[0] if roots else 0)
     out = set()
     for tok in doc:
         hyphen = _HYPHEN_LABEL.fullmatch(tok.text)
@@ -155,7 +155,7 @@ def _labels(doc: Any, split: bool) -> frozenset[tuple[str, str, str]]:
             noun, number = _lemma(tok), doc[tok.i + 1].text.lower()
         else:
             continue
-        where = "unknown" if not split else "front" if tok.i < edge else "said"
+        where = "unknown" if said is None else "front" if tok.i < said.edge else "said"
         out.add((noun, number, where))
     return frozenset(out)
 
@@ -261,7 +261,7 @@ def claim(text: str) -> Claim:
             and (t.pos_ in ("PROPN", "ADJ") or t.dep_ in ("compound", "amod", "nmod", "poss"))
         ),
         said=(said := _said(doc)),
-        labels=_labels(doc, said is not None),
+        labels=_labels(doc, said),
         conjuncts=_conjuncts(doc),
         lexicon=frozenset(w for t in doc for w in (t.lower_, _lemma(t))),
     )
