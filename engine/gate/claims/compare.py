@@ -23,14 +23,14 @@ from engine.gate.overlap import close
 
 __all__ = [
     "adds_beside",
-    "named_apart",
-    "negates_part",
-    "says_of_another",
     "changed_kinds",
     "changes_value",
     "coverage",
+    "named_apart",
+    "negates_part",
     "partial",
     "restates",
+    "says_of_another",
     "values_left",
 ]
 
