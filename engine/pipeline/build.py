@@ -37,7 +37,7 @@ import numpy as np
 
 import engine
 from engine.errors import InvalidInput, ModelError
-from engine.pipeline import checks, graph, sources
+from engine.pipeline import checks, graph, sources, span
 from engine.pipeline.checks import Tolerance
 from engine.pipeline.graph import quantize
 from engine.pipeline.layout import build_lock, model_dir, staging
@@ -81,7 +81,7 @@ __all__ = [
 
 Log = Callable[[str], None]
 
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2
 """Bumped when a change here makes earlier artefacts stale (they are rebuilt, not trusted)."""
 
 EMBEDDER_NAME = "minilm"
@@ -647,6 +647,13 @@ def _build_variants(
             "task": run.family.export_task,
             "opset": graph.opset_of(run.base),
         }
+        narrowed = run.work / "narrowed.onnx"
+        with progress.step("narrow relative-position attention to the padded length") as notes:
+            relative = span.narrow_relative_span(run.base, narrowed)
+            notes.append(_fmt_span(relative))
+        if relative["narrowed"]:
+            run.base = narrowed
+        export_record["relative_span"] = relative
     run.common["export"] = export_record
     if not embedding:
         run.common["optimization"] = {"skipped": True, "reason": _DEBERTA_NO_OPTIMIZE}
@@ -1032,6 +1039,20 @@ DYNAMIC_LENGTH_ATOL = 1e-3
 length for which the blockwise aegis graph is published with a symbolic sequence axis."""
 
 
+def _fmt_span(relative: Mapping[str, Any]) -> str:
+    if not relative["narrowed"]:
+        return "no relative-position attention: unchanged"
+    return f"{relative['narrowed']} position products narrowed (span {relative['span']})"
+
+
+def _narrow_in_place(path: Path) -> dict[str, Any]:
+    """:func:`span.narrow_relative_span` over ``path`` itself (through a sibling file)."""
+    narrowed = path.with_name(path.stem + ".narrowed.onnx")
+    relative = span.narrow_relative_span(path, narrowed)
+    narrowed.replace(path)
+    return relative
+
+
 def requantize_aegis(out_dir: Path, *, force: bool = False, log: Log = print) -> Path:
     """Build ``out_dir/int8/``: the imported aegis graph with its int8 weights kept exactly and
     its per-tensor activation quantisation replaced by per-row blockwise (``MatMulNBits``), so
@@ -1062,6 +1083,9 @@ def requantize_aegis(out_dir: Path, *, force: bool = False, log: Log = print) ->
             ops = graph.op_counts(int8_path)
             settings["int8_ops"] = {k: v for k, v in ops.items() if k in _INT8_OPS}
             notes.append(f"{settings['int8_ops']}")
+        with progress.step("narrow relative-position attention", "int8") as notes:
+            relative = _narrow_in_place(int8_path)
+            notes.append(_fmt_span(relative))
         tok = imported.tokenizer_path
         pad = int(imported.extra.get("pad_id", 0))
 
@@ -1084,6 +1108,7 @@ def requantize_aegis(out_dir: Path, *, force: bool = False, log: Log = print) ->
             )
         if not dynamic:
             graph.blockwise_int8(imported.model_path, int8_path, dynamic_length=False)
+            _narrow_in_place(int8_path)
             model = OrtModel(int8_path, SessionSettings(allow_spinning=False))
             own = padded
         settings["dynamic_length"] = dynamic
@@ -1112,6 +1137,7 @@ def requantize_aegis(out_dir: Path, *, force: bool = False, log: Log = print) ->
             quantization=settings,
             drift_vs_fp32=drift,
             dynamic_length={"max_abs_diff": length_diff, "atol": DYNAMIC_LENGTH_ATOL},
+            relative_span=relative,
             batch_invariance=invariance,
             parity={"checked": False, "reason": "no PyTorch reference; see drift_vs_fp32"},
             builder=_versions(),

@@ -12,7 +12,7 @@ import logging
 import platform
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,9 @@ __all__ = [
     "blockwise_int8",
     "rowwise_int8",
     "static_int8",
+    "read",
     "weight_matmuls",
+    "wiring",
     "dequantize",
     "quiet",
     "detect_isa",
@@ -426,24 +428,23 @@ def dequantize(model_in: Path, model_out: Path, *, dynamic_length: bool = False)
     return {"tool": "memgate.pipeline.graph.dequantize", **counts}
 
 
-def _rewrite(
-    model_in: Path,
-    model_out: Path,
-    *,
-    target: str,
-    block_size: int = BLOCKWISE_BLOCK,
-    accuracy_level: int = 4,
-    dynamic_length: bool = False,
-) -> dict[str, int]:
-    import numpy as np
+def read(path: Path) -> Any:
+    """The ONNX model at ``path`` (weights included), or :class:`ModelError`."""
     import onnx
-    from onnx import helper, numpy_helper
 
     try:
-        model = onnx.load(str(model_in))
+        return onnx.load(str(path))
     except Exception as exc:  # onnx raises untyped errors
-        raise ModelError(f"cannot read {model_in.name}: {exc}") from exc
-    g = model.graph
+        raise ModelError(f"cannot read {Path(path).name}: {exc}") from exc
+
+
+def wiring(
+    g: Any,
+) -> tuple[dict[str, Any], dict[str, list[Any]], Callable[[str], Any | None]]:
+    """A graph's wiring: each tensor's producing node, each tensor's consuming nodes, and a
+    reader of constant tensors (initialisers and ``Constant`` nodes; None for the others)."""
+    from onnx import numpy_helper
+
     inits = {i.name: i for i in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
     consumers: dict[str, list[Any]] = {}
@@ -459,6 +460,25 @@ def _rewrite(
             return numpy_helper.to_array(node.attribute[0].t)
         return None
 
+    return producer, consumers, constant
+
+
+def _rewrite(
+    model_in: Path,
+    model_out: Path,
+    *,
+    target: str,
+    block_size: int = BLOCKWISE_BLOCK,
+    accuracy_level: int = 4,
+    dynamic_length: bool = False,
+) -> dict[str, int]:
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = read(model_in)
+    g = model.graph
+    producer, consumers, constant = wiring(g)
     replaced: dict[int, Any] = {}
     dropped: set[int] = set()
     added: list[Any] = []

@@ -228,6 +228,64 @@ def test_blockwise_keeps_dynamic_int8_weights_exactly(
     assert np.abs(out["nb8"][0] - out["ref"][0]).max() < 0.05
 
 
+def test_relative_position_buckets_never_reach_past_the_distance() -> None:
+    """narrow_relative_span keeps the buckets within the padded length; that is only exact if
+    transformers' log bucketing never maps a distance d further out than d."""
+    import torch
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+
+    for buckets, max_position in ((256, 512), (DEBERTA_CONFIG["position_buckets"], 128)):
+        d = torch.arange(-4096, 4097)
+        b = make_log_bucket_position(d, buckets, max_position)
+        assert bool((b.abs() <= d.abs()).all()), (buckets, max_position)
+
+
+def test_narrowed_relative_span_scores_exactly_as_the_export(
+    tiny: dict[str, Path], built: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every NLI variant is built from the narrowed graph (recorded in its manifest); against a
+    fresh, un-narrowed export the logits are identical at lengths below, at and above the span
+    (32 buckets), with padding; a graph without the pattern is written out unchanged."""
+    import numpy as np
+    import onnxruntime as ort
+    import transformers
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    from engine.pipeline import span
+
+    for d in built["nli"]:
+        relative = load_manifest(d).extra["export"]["relative_span"]
+        assert relative == {**relative, "narrowed": 4, "left": 0, "span": 32}, d.name
+    model = transformers.DebertaV2ForSequenceClassification.from_pretrained(tiny["nli"])
+    with graph.quiet():
+        onnx_export_from_model(model, tmp_path / "export", task="text-classification")
+    plain, narrowed = tmp_path / "export" / "model.onnx", tmp_path / "narrowed.onnx"
+    assert span.narrow_relative_span(plain, narrowed)["narrowed"] == 4
+    # an already narrowed graph no longer matches: left as it is
+    again = span.narrow_relative_span(narrowed, tmp_path / "again.onnx")
+    assert again["narrowed"] == 0 and again["left"] == 4
+    # benchmarks/bench_span.py's baseline: the narrowed graph widened back is the export again
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from bench_span import widen
+
+    assert widen(narrowed, tmp_path / "wide.onnx") == 4
+    assert graph.op_counts(tmp_path / "wide.onnx") == graph.op_counts(plain)
+    paths = (plain, narrowed, tmp_path / "again.onnx", tmp_path / "wide.onnx")
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in paths]
+    rng = np.random.default_rng(0)
+    for batch, length in ((1, 1), (3, 9), (2, 31), (2, 32), (3, 33), (2, 100), (1, 128)):
+        ids = rng.integers(5, 60, (batch, length)).astype(np.int64)
+        mask = np.ones_like(ids)
+        mask[0, max(1, length // 2) :] = 0
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        ref, *others = (s.run(None, feeds)[0] for s in sessions)
+        for got in others:
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6, err_msg=f"{batch}x{length}")
+    bert = built["embedder"][0] / "model.onnx"
+    assert span.narrow_relative_span(bert, tmp_path / "bert.onnx")["narrowed"] == 0
+    assert graph.op_counts(tmp_path / "bert.onnx") == graph.op_counts(bert)
+
+
 def test_nli_variants_record_labels_and_skipped_optimisation(built: dict[str, Any]) -> None:
     assert [d.name for d in built["nli"]] == ["fp32", "int8", "fp16"]
     for d in built["nli"]:

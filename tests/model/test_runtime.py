@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -138,6 +139,34 @@ def test_cuda_is_refused_clearly_without_a_gpu(cache_dir: Path) -> None:
         pytest.skip("a CUDA provider is present; the GPU check runs instead")
     with pytest.raises(ModelError, match="gpu extra"):
         load_models(cache_dir, session=SessionSettings(device="cuda"))
+
+
+def test_served_aegis_graph_is_narrowed_and_scores_as_the_wide_one(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """The served aegis graph reads only the relative positions its batch can have; against the
+    same blockwise graph without that rewrite (what the pipeline published before) every
+    contradiction score is the same, short and long pairs batched together."""
+    from engine.pipeline import graph
+
+    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
+    relative = manifest.extra["relative_span"]
+    assert relative["narrowed"] == 24 and relative["span"] == 256 and relative["left"] == 0
+    imported = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli", nli_variant="imported"), "cpu")
+    wide = tmp_path / "wide.onnx"
+    graph.blockwise_int8(imported.model_path, wide, dynamic_length=True)
+    shutil.copy(manifest.tokenizer_path, tmp_path / "tokenizer.json")
+    long = " ".join(["The invoice for the harbour office lists a late fee."] * 20)
+    pairs = [
+        ("Maya lives in Denver.", "Maya moved to Austin."),
+        ("The clinic opens at 8.", "The clinic now opens at 9 on weekdays and 10 on Saturdays."),
+        (long, "The late fee was waived."),
+    ]
+    served = NLIScorer(manifest).contradiction(pairs)
+    wide_manifest = dataclasses.replace(
+        manifest, directory=tmp_path, model_file=wide.name, tokenizer_file="tokenizer.json"
+    )
+    np.testing.assert_allclose(NLIScorer(wide_manifest).contradiction(pairs), served, atol=1e-6)
 
 
 def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> None:
