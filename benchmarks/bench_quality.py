@@ -55,6 +55,7 @@ HELDOUT_SETS = {
     "heldout-6": DATA / "heldout6.jsonl",
     "heldout-7": DATA / "heldout7.jsonl",
     "heldout-8": DATA / "heldout8.jsonl",
+    "heldout-9": DATA / "heldout9.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

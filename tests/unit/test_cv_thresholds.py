@@ -52,3 +52,12 @@ def test_the_grid_holds_the_defaults_and_takes_overrides() -> None:
     assert grid["contradiction"] == [0.95, 0.99]
     for name, values in cv.GRID.items():
         assert float(getattr(STRICT, name)) in values, name
+
+
+def test_held_out_sets_are_refused_before_anything_is_read() -> None:
+    import pytest
+
+    for name in cv.HELD_OUT:
+        with pytest.raises(SystemExit, match=f"{name}: held out"):
+            cv.main(["--sets", "dev", name])
+    assert not set(cv.HELD_OUT) & set(cv.TUNED_ON)
