@@ -78,7 +78,9 @@ TOP_K = 20
 TARGET_RATIO = 4.0
 # Best-effort PyTorch facts/s seen on this machine before (quiet, 2 threads): shown for scale.
 REFERENCE_PYTORCH = {1_000: 26.7, 10_000: 7.0, 100_000: 1.84}
-PHASES = ("embed", "search", "nli", "decide")
+PHASES = ("embed", "search", "identify", "relate", "nli", "decide")
+"""The gate's timed steps (``Gate.triage``'s ``timings``); identify and relate parse the texts
+(spaCy) and compare their claims, so the parser's cost shows there."""
 
 
 @dataclass(frozen=True)
@@ -727,8 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         table(
             ["scenario", "system", *PHASES, "other"],
             phase_rows,
-            title="Time per fact by phase, ms (share of the pass); 'other' = validation, "
-            "normalisation, keys, candidate building",
+            title="Time per fact by phase, ms (share of the pass); identify + relate = parsing and "
+            "claim comparison; 'other' = validation, normalisation, keys, candidate building",
         )
     )
 

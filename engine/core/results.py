@@ -17,7 +17,9 @@ from engine.types import Decision, Memory
 __all__ = ["GATE_PHASES", "Recalled", "Streamed", "Timings", "Triaged"]
 
 GATE_PHASES: tuple[str, ...] = ("embed", "search", "keys", "nli", "decide", "store")
-"""Phases the gate times (``keys`` only once the gate reports it separately)."""
+"""Phases of a request's timings; ``keys`` is the gate's ``identify`` + ``relate`` (parsing the
+texts and comparing their claims)."""
+_KEY_STEPS = ("keys", "identify", "relate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,8 @@ class Timings:
     embed: float = 0.0
     search: float = 0.0
     keys: float = 0.0
-    """Key inference and relations, when the gate times them apart (else inside ``other``)."""
+    """Key inference and relations: parsing the texts and comparing their claims (the gate's
+    ``identify`` and ``relate`` steps)."""
     nli: float = 0.0
     decide: float = 0.0
     store: float = 0.0
@@ -56,6 +59,7 @@ class Timings:
     def of_run(cls, phases: Mapping[str, float], run_s: float) -> Timings:
         """The gate's phases of one call that took ``run_s`` seconds on the worker."""
         p = {k: float(phases.get(k, 0.0)) for k in GATE_PHASES}
+        p["keys"] = sum(float(phases.get(k, 0.0)) for k in _KEY_STEPS)
         return cls(
             embed=p["embed"],
             search=p["search"],

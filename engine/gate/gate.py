@@ -79,7 +79,7 @@ class GateSettings:
 class TriageResult:
     decisions: list[Decision]
     timings: dict[str, float] = field(default_factory=dict)
-    """Seconds per phase: embed, search, nli, decide, store."""
+    """Seconds per phase: embed, search, identify, relate, nli, decide, store."""
     nli_pairs: int = 0
 
 
@@ -365,13 +365,16 @@ def decide_recalled(
 ) -> tuple[list[Decision], int]:
     """identify -> relate -> score -> weigh / decide, over probes whose hits are recalled:
     the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``identify``, ``nli`` and ``decide`` seconds. :meth:`Gate.triage` and callers that bring
-    their own candidates (:func:`engine.adapters.graphiti.judge`) share this sequence."""
+    ``identify``, ``relate``, ``nli`` and ``decide`` seconds. :meth:`Gate.triage` and callers
+    that bring their own candidates (:func:`engine.adapters.graphiti.judge`) share this
+    sequence."""
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
     identify(probes, embedder, pol)
     timings["identify"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
+    timings["relate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     pairs = score(probes, nli, pol)
     timings["nli"] = time.perf_counter() - t0

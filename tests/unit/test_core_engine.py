@@ -146,6 +146,9 @@ def test_timings_of_run_puts_untimed_work_in_other() -> None:
     assert t.embed == 0.1 and t.decide == 0.05 and t.other == pytest.approx(0.1)
     assert t.model == pytest.approx(0.5)
     assert set(t.as_dict()) >= {"tokenize", "queue", "decide", "keys", "other", "total"}
+    # the gate's parsing steps are the keys phase, not hidden in other
+    t = Timings.of_run({"embed": 0.1, "identify": 0.15, "relate": 0.05, "nli": 0.2}, 0.55)
+    assert t.keys == pytest.approx(0.2) and t.other == pytest.approx(0.05)
 
 
 # -- the facade ---------------------------------------------------------------------------------
