@@ -70,7 +70,7 @@ def clear_gate_caches() -> int:
         if not name.startswith("engine.gate") or module is None:
             continue
         for obj in vars(module).values():
-            params = getattr(obj, "cache_parameters", None)
+            params = None if isinstance(obj, type) else getattr(obj, "cache_parameters", None)
             if params is None or getattr(obj, "__module__", None) != name:
                 continue
             if params().get("maxsize") == 1:
@@ -81,7 +81,8 @@ def clear_gate_caches() -> int:
 
 
 class SpacyClock:
-    """Seconds spent inside spaCy ``Language.__call__`` (0 when the tree never imports spaCy)."""
+    """Seconds spent inside spaCy ``Language.__call__`` and ``Language.pipe`` (0 when the tree
+    never imports spaCy); ``calls`` counts the texts parsed."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -104,7 +105,23 @@ class SpacyClock:
                 clock.seconds += time.perf_counter() - t0
                 clock.calls += 1
 
+        piped: Callable[..., Any] = Language.pipe
+
+        def timed_pipe(nlp: Any, *args: Any, **kwargs: Any) -> Any:
+            docs = piped(nlp, *args, **kwargs)
+            while True:  # the parsing happens as the generator is drawn on
+                t0 = time.perf_counter()
+                try:
+                    doc = next(docs)
+                except StopIteration:
+                    return
+                finally:
+                    clock.seconds += time.perf_counter() - t0
+                clock.calls += 1
+                yield doc
+
         Language.__call__ = timed  # type: ignore[method-assign,assignment]
+        Language.pipe = timed_pipe  # type: ignore[method-assign,assignment]
         self._installed = True
 
 

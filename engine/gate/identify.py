@@ -11,7 +11,7 @@ compliance officer is Maud Ellery" / "... is Amos Reyes") speak of one attribute
 two texts of which one is nothing but its subject and values and the other names every word of
 that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
 Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None).
-All frames of a batch go to the embedder in one call.
+All frames of a batch go to the embedder in one call, and all its texts to the parser in one.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from engine.gate.claims import claim
 from engine.gate.claims.compare import coverage
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
+from engine.gate.claims.nlp import parse
 from engine.gate.policy import Policy
 from engine.gate.ports import Embedder
 from engine.gate.probe import Hit, Probe
@@ -45,6 +46,13 @@ def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int
     if not policy.claims:
         return 0
     low = min(policy.floor, policy.key_match_floor)
+    # every text weighed below, parsed in one batch (each once; memoised for relate and weigh)
+    parse.many(
+        t
+        for probe in probes
+        if probe.checked
+        for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.similarity >= low))
+    )
     slots: list[tuple[Hit, str, str]] = []
     for probe in probes:
         if not probe.checked:

@@ -3,6 +3,8 @@ pipeline (a library model package, no ONNX model: the unit tier)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from engine.gate.claims import (
@@ -368,3 +370,33 @@ def test_changes_value_is_the_same_text_with_values_of_the_same_kind_changed(
     memory: str, fact: str, want: bool
 ) -> None:
     assert changes_value(claim(memory), claim(fact)) is want
+
+
+def test_parse_many_memoises_a_batch_in_one_pipe_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.gate.claims import nlp
+
+    real = nlp.pipeline()
+    piped = type(real).pipe
+    calls: list[list[str]] = []
+
+    def pipe(self: Any, texts: Any, **kwargs: Any) -> Any:
+        texts = list(texts)
+        calls.append(texts)
+        return piped(self, texts, **kwargs)
+
+    monkeypatch.setattr(type(real), "pipe", pipe)
+    memo = nlp._Docs(3)
+    assert memo.many(["Maya lives in Denver.", "Kai swims.", "Maya lives in Denver."]) == 2
+    assert calls == [["Maya lives in Denver.", "Kai swims."]]
+    doc = memo("Kai swims.")  # a hit: the batch's Doc, not a new parse
+    assert memo.many(["Kai swims.", "The van is blue."]) == 1 and calls[-1] == ["The van is blue."]
+    assert memo("Kai swims.") is doc and memo.cache_info()[3] == 3
+    alone = real("Maya lives in Denver.")
+    batched = memo("Maya lives in Denver.")
+    assert [(t.tag_, t.dep_, t.head.i, t.lemma_) for t in batched] == [
+        (t.tag_, t.dep_, t.head.i, t.lemma_) for t in alone
+    ]
+    memo.many(["One.", "Two."])  # over maxsize: the least recently used goes
+    assert memo.cache_info()[3] == 3 and "The van is blue." not in memo._docs
+    memo.cache_clear()
+    assert memo.cache_info() == (0, 0, 3, 0) and memo.cache_parameters()["maxsize"] == 3

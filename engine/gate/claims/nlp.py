@@ -8,6 +8,8 @@ official ``en_core_web_sm``. Both are tried, the official name first.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -38,9 +40,65 @@ def pipeline() -> Any:
     )
 
 
-@lru_cache(maxsize=65536)
-def parse(text: str) -> Any:
-    """The parsed ``Doc`` of ``text`` (memoised: stored memories are compared again and again)."""
-    nlp = pipeline()
-    with _lock:  # spaCy pipelines are not documented as thread-safe
-        return nlp(text)
+class _Docs:
+    """The memo of parsed texts: at most ``maxsize`` ``Doc`` objects, least recently used out.
+
+    :func:`parse` reads one text; :meth:`many` parses every text of a batch that is not there
+    yet in one ``nlp.pipe`` call, about 3x cheaper per text than one call each (measured: 1.0-1.1
+    against 2.9-3.3 ms per text on 600 memory and fact texts, 2-core AMD EPYC) and with
+    identical parses (tags, lemmas, heads, labels and morphology of all 9,786 distinct texts of
+    dev and heldout to heldout-8). It has
+    ``lru_cache``'s ``cache_clear``, ``cache_info`` and ``cache_parameters``."""
+
+    def __init__(self, maxsize: int, batch_size: int = 64) -> None:
+        self.maxsize = maxsize
+        self.batch_size = batch_size
+        self._docs: OrderedDict[str, Any] = OrderedDict()
+        self._hits = self._misses = 0
+
+    def __call__(self, text: str) -> Any:
+        with _lock:  # spaCy pipelines are not documented as thread-safe
+            doc = self._docs.get(text)
+            if doc is not None:
+                self._docs.move_to_end(text)
+                self._hits += 1
+                return doc
+            self._misses += 1
+            doc = pipeline()(text)
+            self._keep(text, doc)
+            return doc
+
+    def many(self, texts: Iterable[str]) -> int:
+        """Parse the texts not memoised yet in one batch; returns how many were parsed."""
+        with _lock:
+            todo = [t for t in dict.fromkeys(texts) if t not in self._docs]
+            todo = todo[-self.maxsize :]  # more than the memo holds: only the last would stay
+            if not todo:
+                return 0
+            docs = pipeline().pipe(todo, batch_size=self.batch_size)
+            for text, doc in zip(todo, docs, strict=True):
+                self._keep(text, doc)
+            self._misses += len(todo)
+            return len(todo)
+
+    def _keep(self, text: str, doc: Any) -> None:
+        self._docs[text] = doc
+        if len(self._docs) > self.maxsize:
+            self._docs.popitem(last=False)
+
+    def cache_clear(self) -> None:
+        with _lock:
+            self._docs.clear()
+            self._hits = self._misses = 0
+
+    def cache_info(self) -> tuple[int, int, int, int]:
+        """(hits, misses, maxsize, currsize), as ``functools.lru_cache`` reports them."""
+        return (self._hits, self._misses, self.maxsize, len(self._docs))
+
+    def cache_parameters(self) -> dict[str, Any]:
+        return {"maxsize": self.maxsize, "typed": False}
+
+
+parse = _Docs(65536)
+"""``parse(text)``: the parsed ``Doc`` of ``text`` (memoised: stored memories are compared again
+and again); ``parse.many(texts)`` parses a batch's new texts in one call."""
