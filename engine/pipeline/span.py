@@ -6,8 +6,9 @@ nli-deberta-v3-small and aegis' DeBERTa-v3-xsmall), tiles those embeddings over 
 then *gathers* the ``L x L`` entries it needs (``c2p`` and ``p2c``). A batch padded to ``L``
 tokens only ever gathers buckets ``span - (L - 1) ... span + (L - 1)``: a distance ``d`` falls
 in a bucket no further out than ``d`` (linear up to ``position_buckets / 2``, logarithmic
-beyond). So for a 32-token batch, 448 of the 512 rows are projected, tiled and multiplied for
-nothing.
+beyond). So for a 32-token batch, 448 of the 512 rows are tiled over the batch and multiplied
+with every query and key for nothing (their projections are constants, which ONNX Runtime folds
+once per session).
 
 :func:`narrow_relative_span` rewrites an exported graph so that each of those products reads
 only the ``2 * W`` rows around the centre, ``W = min(L, span)``, and shifts the gather indices
