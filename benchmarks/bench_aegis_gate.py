@@ -1,0 +1,160 @@
+"""aegis-nli in the gate: the served int8 graph against the graph as shipped, same run (issue 16's
+"aegis gate facts/s at least 2x today's, at unchanged quality").
+
+- ``int8``, what the gate serves now: blockwise int8, symbolic sequence axis, relative positions
+  narrowed to the padded length, batched;
+- ``imported``, what it served when the issue was filed: the shipped graph, padded to 160
+  tokens, per-tensor int8 activations, so ``row_invariant="auto"`` runs one pair per forward.
+
+One store of N synthetic memories (bench_gate's corpus and ingest), the same M facts through
+``Gate.triage`` (dry run) with each variant, interleaved rounds, the gate's memo caches warm
+(both arms alike). It prints facts/s per round and the median ratio [min-max], and how many
+decisions (action and target) the two variants share.
+
+    python benchmarks/bench_aegis_gate.py --cache-dir $MEMGATE_HOME            # N = 1,000, M = 100
+    python benchmarks/bench_aegis_gate.py --sizes 1000,10000 --facts 200 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from benchmarks._common import (  # noqa: E402
+    Corpus,
+    add_common_args,
+    interleaved,
+    run_header,
+    save_results,
+    table,
+)
+
+VARIANTS = ("int8", "imported")
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench_gate import Scenario, ingest, memgate_pass
+
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager, IndexSettings
+    from engine.runtime.loader import ModelChoice, load_models, resolve_nli
+    from engine.runtime.nli import NLIScorer
+    from engine.runtime.session import SessionSettings
+    from engine.store import SQLiteStore
+    from engine.types import Fact
+
+    session = SessionSettings(intra_op_threads=args.threads)
+    embedder, _ = load_models(args.cache_dir, ModelChoice(embedder_variant="fp32"), session)
+    embedder.warmup()
+    scorers = {}
+    for variant in VARIANTS:
+        choice = ModelChoice(nli="aegis-nli", nli_variant=variant)
+        manifest = resolve_nli(args.cache_dir, choice, "cpu")
+        scorers[variant] = NLIScorer(manifest, session)
+        scorers[variant].warmup()
+        print(
+            f"  aegis-nli/{variant}: static length {manifest.static_length}, "
+            f"{'one pair per forward' if scorers[variant].row_invariant else 'batched'}",
+            flush=True,
+        )
+    corpus = Corpus(args.seed)
+    out = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        sc = Scenario(f"N = {n:,}", 1, n)
+        tmp = Path(tempfile.mkdtemp(prefix="memgate-aegis-gate-"))
+        try:
+            store = SQLiteStore(tmp / "memgate.db")
+            index = IndexManager(store.iter_active_embeddings, IndexSettings(threads=1))
+            gates = {v: Gate(store, index, embedder, s) for v, s in scorers.items()}
+            slots, _ = ingest(gates["int8"], sc, corpus, 1000)
+            incoming = corpus.incoming(slots, args.facts, salt=n)
+            facts = [Fact(f.namespace, f.text) for f in incoming]
+            decided = {}
+            for v, gate in gates.items():  # warms the caches and records the decisions
+                res = gate.triage(facts, "strict", apply=False)
+                decided[v] = [(d.action, d.target_id) for d in res.decisions]
+            rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+            for r, order in interleaved(list(VARIANTS), args.rounds):
+                for v in order:
+                    p = memgate_pass(gates[v], facts, args.batch)
+                    rates[v].append(p.facts_per_s)
+                    print(
+                        f"  {sc.label} round {r + 1} {v}: {p.facts_per_s:.1f} facts/s", flush=True
+                    )
+            ratios = [a / b for a, b in zip(rates["int8"], rates["imported"], strict=True)]
+            same = sum(a == b for a, b in zip(decided["int8"], decided["imported"], strict=True))
+            out.append(
+                {
+                    "memories": n,
+                    "facts": len(facts),
+                    "facts_per_s": {v: float(np.median(x)) for v, x in rates.items()},
+                    "rounds": rates,
+                    "ratio": float(np.median(ratios)),
+                    "ratio_min": min(ratios),
+                    "ratio_max": max(ratios),
+                    "same_decisions": same,
+                }
+            )
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def draw(plt: Any, rows: list[dict[str, Any]]) -> Any:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = np.arange(len(rows))
+    for k, v in enumerate(VARIANTS):
+        ax.bar(xs + 0.4 * k, [r["facts_per_s"][v] for r in rows], 0.4, label=f"aegis {v}")
+    ax.set_xticks(xs + 0.2)
+    ax.set_xticklabels([f"N = {r['memories']:,}" for r in rows])
+    ax.set_ylabel("facts/s (median of rounds)")
+    ax.set_title("Gate facts/s: served aegis int8 vs the graph as shipped")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_args(parser)
+    parser.add_argument("--sizes", default="1000", help="memories per store, comma-separated")
+    parser.add_argument("--facts", type=int, default=100, help="incoming facts (M)")
+    parser.add_argument("--batch", type=int, default=100, help="facts per triage call")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.facts, args.rounds = "200", 10, 1
+    payload = run_header("bench_aegis_gate", args)
+    payload["rows"] = measure(args)
+    print(
+        table(
+            ["N", "int8 facts/s", "imported facts/s", "int8 / imported", "same decisions"],
+            [
+                [
+                    f"{r['memories']:,}",
+                    f"{r['facts_per_s']['int8']:.1f}",
+                    f"{r['facts_per_s']['imported']:.1f}",
+                    f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
+                    f"{r['same_decisions']} / {r['facts']}",
+                ]
+                for r in payload["rows"]
+            ],
+            title=f"{payload['machine']['cpu']}, {args.threads} threads, caches warm",
+        )
+    )
+    save_results(args.out, "bench_aegis_gate", payload, lambda plt: draw(plt, payload["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

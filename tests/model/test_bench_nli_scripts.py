@@ -1,0 +1,44 @@
+"""The issue-16 NLI scripts on the real artefacts, at smoke size: bench_span measures each
+narrowed graph against the same graph widened back (same logits), bench_aegis_gate runs the gate
+with the served aegis graph and with the one as shipped. Their speed figures are not asserted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import bench_aegis_gate  # noqa: E402
+import bench_span  # noqa: E402
+
+
+def _result(out: Path, name: str) -> dict:
+    (path,) = out.glob(f"{name}-*.json")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_bench_span_widens_every_narrowed_graph_and_scores_it_the_same(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    argv = ["--smoke", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]
+    assert bench_span.main(argv) == 0
+    models = _result(tmp_path, "bench_span")["models"]
+    assert "aegis-nli/int8" in models
+    for label, m in models.items():
+        assert m["products_narrowed"] > 0, label
+        assert m["max_abs_logit_diff"] <= 1e-5, label
+        assert set(m["points"]) == {str(s) for s in bench_span.SIZES}, label
+
+
+def test_bench_aegis_gate_runs_both_variants_on_the_same_facts(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    argv = ["--smoke", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]
+    assert bench_aegis_gate.main(argv) == 0
+    (row,) = _result(tmp_path, "bench_aegis_gate")["rows"]
+    assert row["memories"] == 200 and row["facts"] == 10
+    assert set(row["facts_per_s"]) == set(bench_aegis_gate.VARIANTS)
+    assert all(rate > 0 for rate in row["facts_per_s"].values())
+    assert 0 <= row["same_decisions"] <= row["facts"]
