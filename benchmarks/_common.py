@@ -87,6 +87,66 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
 
 
+def add_store_args(parser: argparse.ArgumentParser, *, facts: int = 100) -> None:
+    """The one-store A/B scripts' shape: store sizes, facts, triage batch, interleaved rounds."""
+    parser.add_argument("--sizes", default="1000", help="memories per store, comma-separated")
+    parser.add_argument("--facts", type=int, default=facts, help="incoming facts (M)")
+    parser.add_argument("--batch", type=int, default=100, help="facts per triage call")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+
+
+def ab_main(
+    name: str,
+    doc: str,
+    argv: Sequence[str] | None,
+    measure: Callable[[argparse.Namespace], list[dict[str, Any]]],
+    *,
+    smoke: tuple[str, int, int],
+    headers: Sequence[str],
+    cells: Callable[[dict[str, Any]], Sequence[Any]],
+    title: Callable[[dict[str, Any], argparse.Namespace], str],
+    draw: Callable[[Any, list[dict[str, Any]]], Any],
+) -> int:
+    """The main of a one-store A/B script: common and store arguments (``--smoke`` sets sizes,
+    facts and rounds to ``smoke``), the rows ``measure`` returns as a table, JSON and plot."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_common_args(parser)
+    add_store_args(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.facts, args.rounds = smoke
+    payload = run_header(name, args)
+    payload["rows"] = measure(args)
+    print(table(headers, [cells(r) for r in payload["rows"]], title=title(payload, args)))
+    save_results(args.out, name, payload, lambda plt: draw(plt, payload["rows"]))
+    return 0
+
+
+def paired_bars(
+    plt: Any,
+    rows: Sequence[dict[str, Any]],
+    arms: Sequence[str],
+    value: Callable[[dict[str, Any], str], float],
+    *,
+    ylabel: str,
+    title: str,
+    label: str = "{}",
+) -> Any:
+    """One bar per arm for each store size (``rows[i]["memories"]``): an A/B script's figure."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(1, len(arms))
+    for k, arm in enumerate(arms):
+        xs = [i + k * width for i in range(len(rows))]
+        ax.bar(xs, [value(r, arm) for r in rows], width, label=label.format(arm))
+    ax.set_xticks([i + width * (len(arms) - 1) / 2 for i in range(len(rows))])
+    ax.set_xticklabels([f"N = {r['memories']:,}" for r in rows])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
 # -- run metadata -----------------------------------------------------------------------------
 def git_info() -> dict[str, Any]:
     def git(*cmd: str) -> str:

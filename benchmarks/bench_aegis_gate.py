@@ -30,14 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from benchmarks._common import (  # noqa: E402
-    Corpus,
-    add_common_args,
-    interleaved,
-    run_header,
-    save_results,
-    table,
-)
+from benchmarks import _common as common  # noqa: E402
 
 VARIANTS = ("int8", "imported")
 
@@ -67,7 +60,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             f"{'one pair per forward' if scorers[variant].row_invariant else 'batched'}",
             flush=True,
         )
-    corpus = Corpus(args.seed)
+    corpus = common.Corpus(args.seed)
     out = []
     for n in (int(x) for x in args.sizes.split(",")):
         sc = Scenario(f"N = {n:,}", 1, n)
@@ -84,7 +77,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 res = gate.triage(facts, "strict", apply=False)
                 decided[v] = [(d.action, d.target_id) for d in res.decisions]
             rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            for r, order in interleaved(list(VARIANTS), args.rounds):
+            for r, order in common.interleaved(list(VARIANTS), args.rounds):
                 for v in order:
                     p = memgate_pass(gates[v], facts, args.batch)
                     rates[v].append(p.facts_per_s)
@@ -111,49 +104,41 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def draw(plt: Any, rows: list[dict[str, Any]]) -> Any:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    xs = np.arange(len(rows))
-    for k, v in enumerate(VARIANTS):
-        ax.bar(xs + 0.4 * k, [r["facts_per_s"][v] for r in rows], 0.4, label=f"aegis {v}")
-    ax.set_xticks(xs + 0.2)
-    ax.set_xticklabels([f"N = {r['memories']:,}" for r in rows])
-    ax.set_ylabel("facts/s (median of rounds)")
-    ax.set_title("Gate facts/s: served aegis int8 vs the graph as shipped")
-    ax.legend()
-    fig.tight_layout()
-    return fig
+    return common.paired_bars(
+        plt,
+        rows,
+        VARIANTS,
+        lambda r, v: r["facts_per_s"][v],
+        ylabel="facts/s (median of rounds)",
+        title="Gate facts/s: served aegis int8 vs the graph as shipped",
+        label="aegis {}",
+    )
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    return [
+        f"{r['memories']:,}",
+        f"{r['facts_per_s']['int8']:.1f}",
+        f"{r['facts_per_s']['imported']:.1f}",
+        f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
+        f"{r['same_decisions']} / {r['facts']}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser)
-    parser.add_argument("--sizes", default="1000", help="memories per store, comma-separated")
-    parser.add_argument("--facts", type=int, default=100, help="incoming facts (M)")
-    parser.add_argument("--batch", type=int, default=100, help="facts per triage call")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.sizes, args.facts, args.rounds = "200", 10, 1
-    payload = run_header("bench_aegis_gate", args)
-    payload["rows"] = measure(args)
-    print(
-        table(
-            ["N", "int8 facts/s", "imported facts/s", "int8 / imported", "same decisions"],
-            [
-                [
-                    f"{r['memories']:,}",
-                    f"{r['facts_per_s']['int8']:.1f}",
-                    f"{r['facts_per_s']['imported']:.1f}",
-                    f"{r['ratio']:.2f}x [{r['ratio_min']:.2f}-{r['ratio_max']:.2f}]",
-                    f"{r['same_decisions']} / {r['facts']}",
-                ]
-                for r in payload["rows"]
-            ],
-            title=f"{payload['machine']['cpu']}, {args.threads} threads, caches warm",
-        )
+    return common.ab_main(
+        "bench_aegis_gate",
+        __doc__ or "",
+        argv,
+        measure,
+        smoke=("200", 10, 1),
+        headers=["N", "int8 facts/s", "imported facts/s", "int8 / imported", "same decisions"],
+        cells=cells,
+        title=lambda payload, args: (
+            f"{payload['machine']['cpu']}, {args.threads} threads, caches warm"
+        ),
+        draw=draw,
     )
-    save_results(args.out, "bench_aegis_gate", payload, lambda plt: draw(plt, payload["rows"]))
-    return 0
 
 
 if __name__ == "__main__":

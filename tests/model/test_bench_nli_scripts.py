@@ -1,6 +1,7 @@
-"""The issue-16 NLI scripts on the real artefacts, at smoke size: bench_span measures each
+"""The issue-16 scripts on the real artefacts, at smoke size: bench_span measures each
 narrowed graph against the same graph widened back (same logits), bench_aegis_gate runs the gate
-with the served aegis graph and with the one as shipped. Their speed figures are not asserted."""
+with the served aegis graph and with the one as shipped, bench_parse with the claim parser batched
+and one by one. Their speed figures are not asserted."""
 
 from __future__ import annotations
 
@@ -42,3 +43,20 @@ def test_bench_aegis_gate_runs_both_variants_on_the_same_facts(
     assert set(row["facts_per_s"]) == set(bench_aegis_gate.VARIANTS)
     assert all(rate > 0 for rate in row["facts_per_s"].values())
     assert 0 <= row["same_decisions"] <= row["facts"]
+
+
+def test_bench_parse_runs_both_parser_arms_to_the_same_decisions(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    import bench_parse
+
+    from engine.gate.claims import nlp
+
+    batched = nlp._Docs.many
+    argv = ["--smoke", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]
+    assert bench_parse.main(argv) == 0
+    assert nlp._Docs.many is batched  # the one-by-one arm is undone
+    (row,) = _result(tmp_path, "bench_parse")["rows"]
+    assert row["same_actions"] is True and row["facts"] == 20
+    assert set(row["ms_per_fact"]) == set(bench_parse.ARMS)
+    assert all(v > 0 for v in row["identify_ms_per_fact"].values())
