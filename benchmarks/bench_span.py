@@ -78,10 +78,15 @@ def dev_pairs(limit: int) -> list[tuple[str, str]]:
     return Corpus(0).pairs(limit, salt=3)
 
 
-def batches(tokenizer: Path, pairs: Sequence[tuple[str, str]], size: int, pad: int) -> list[Any]:
+def batches(manifest: Any, pairs: Sequence[tuple[str, str]], size: int) -> list[Any]:
+    """``pairs`` tokenised as the runtime does (truncated at the model's max length), sorted by
+    length and cut into padded batches of ``size``."""
     from engine.pipeline import checks
 
-    return checks.encode(tokenizer, pairs, max_length=512, pad_id=pad, batch_size=size)
+    pad = int(manifest.extra.get("pad_id", 0))
+    return checks.encode(
+        manifest.tokenizer_path, pairs, max_length=manifest.max_length, pad_id=pad, batch_size=size
+    )
 
 
 def rate(model: Any, feeds: Sequence[dict[str, np.ndarray]], slice_s: float, start: int) -> float:
@@ -122,13 +127,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "narrowed": OrtModel(manifest.model_path, settings),
             "wide": OrtModel(wide_path, settings),
         }
-        pad = int(manifest.extra.get("pad_id", 0))
         feeds = {}
         shuffle = np.random.default_rng(args.seed)
         for size in SIZES:
             # batches are length-sorted inside; their order is shuffled, so that the part of
             # them a slice gets through is a fair sample of the lengths
-            made = batches(manifest.tokenizer_path, pairs, size, pad)
+            made = batches(manifest, pairs, size)
             feeds[size] = [
                 {k: made[j].feeds[k] for k in arms["wide"].input_names}
                 for j in shuffle.permutation(len(made))
