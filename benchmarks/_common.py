@@ -17,6 +17,7 @@ import os
 import platform
 import random
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -120,6 +121,17 @@ def ab_main(
     print(table(headers, [cells(r) for r in payload["rows"]], title=title(payload, args)))
     save_results(args.out, name, payload, lambda plt: draw(plt, payload["rows"]))
     return 0
+
+
+def ratio_stats(num: Sequence[float], den: Sequence[float], key: str = "ratio") -> dict[str, float]:
+    """Per-round ratios ``num[i] / den[i]`` of an interleaved A/B: ``{key: median, key_min,
+    key_max}``."""
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    return {
+        key: float(statistics.median(ratios)),
+        f"{key}_min": min(ratios),
+        f"{key}_max": max(ratios),
+    }
 
 
 def paired_bars(

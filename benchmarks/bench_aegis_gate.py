@@ -18,9 +18,7 @@ decisions (action and target) the two variants share.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,15 +34,12 @@ VARIANTS = ("int8", "imported")
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from bench_gate import Scenario, ingest, memgate_pass
+    from bench_gate import memgate_pass, one_namespace
 
     from engine.gate.gate import Gate
-    from engine.index import IndexManager, IndexSettings
     from engine.runtime.loader import ModelChoice, load_models, resolve_nli
     from engine.runtime.nli import NLIScorer
     from engine.runtime.session import SessionSettings
-    from engine.store import SQLiteStore
-    from engine.types import Fact
 
     session = SessionSettings(intra_op_threads=args.threads)
     embedder, _ = load_models(args.cache_dir, ModelChoice(embedder_variant="fp32"), session)
@@ -63,15 +58,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     corpus = common.Corpus(args.seed)
     out = []
     for n in (int(x) for x in args.sizes.split(",")):
-        sc = Scenario(f"N = {n:,}", 1, n)
-        tmp = Path(tempfile.mkdtemp(prefix="memgate-aegis-gate-"))
-        try:
-            store = SQLiteStore(tmp / "memgate.db")
-            index = IndexManager(store.iter_active_embeddings, IndexSettings(threads=1))
+        with one_namespace(embedder, scorers["int8"], corpus, n, args.facts) as (
+            store,
+            index,
+            facts,
+        ):
             gates = {v: Gate(store, index, embedder, s) for v, s in scorers.items()}
-            slots, _ = ingest(gates["int8"], sc, corpus, 1000)
-            incoming = corpus.incoming(slots, args.facts, salt=n)
-            facts = [Fact(f.namespace, f.text) for f in incoming]
             decided = {}
             for v, gate in gates.items():  # warms the caches and records the decisions
                 res = gate.triage(facts, "strict", apply=False)
@@ -81,10 +73,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for v in order:
                     p = memgate_pass(gates[v], facts, args.batch)
                     rates[v].append(p.facts_per_s)
-                    print(
-                        f"  {sc.label} round {r + 1} {v}: {p.facts_per_s:.1f} facts/s", flush=True
-                    )
-            ratios = [a / b for a, b in zip(rates["int8"], rates["imported"], strict=True)]
+                    print(f"  N = {n:,} round {r + 1} {v}: {p.facts_per_s:.1f} facts/s", flush=True)
             same = sum(a == b for a, b in zip(decided["int8"], decided["imported"], strict=True))
             out.append(
                 {
@@ -92,14 +81,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "facts": len(facts),
                     "facts_per_s": {v: float(np.median(x)) for v, x in rates.items()},
                     "rounds": rates,
-                    "ratio": float(np.median(ratios)),
-                    "ratio_min": min(ratios),
-                    "ratio_max": max(ratios),
+                    **common.ratio_stats(rates["int8"], rates["imported"]),
                     "same_decisions": same,
                 }
             )
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

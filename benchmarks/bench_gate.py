@@ -43,7 +43,8 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter, defaultdict  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -203,6 +204,29 @@ def ingest(gate: Any, scenario: Scenario, corpus: Corpus, chunk: int) -> tuple[l
         bar.update(len(part))
     bar.close()
     return slots, time.perf_counter() - t0
+
+
+@contextmanager
+def one_namespace(
+    embedder: Any, nli: Any, corpus: Corpus, memories: int, facts: int
+) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """A fresh SQLite store and index holding ``memories`` synthetic memories in one namespace
+    (ingested with ``nli``'s gate), and ``facts`` incoming facts for it; removed afterwards."""
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager, IndexSettings
+    from engine.store import SQLiteStore
+    from engine.types import Fact
+
+    tmp = Path(tempfile.mkdtemp(prefix="memgate-bench-store-"))
+    try:
+        store = SQLiteStore(tmp / "memgate.db")
+        index = IndexManager(store.iter_active_embeddings, IndexSettings(threads=1))
+        scenario = Scenario(f"N = {memories:,}", 1, memories)
+        slots, _ = ingest(Gate(store, index, embedder, nli), scenario, corpus, 1000)
+        incoming = corpus.incoming(slots, facts, salt=memories)
+        yield store, index, [Fact(f.namespace, f.text) for f in incoming]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def memgate_pass(gate: Any, facts: Sequence[Any], batch: int) -> Pass:

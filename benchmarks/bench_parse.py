@@ -13,9 +13,7 @@ batches of 100, dry run), interleaved rounds, the gate's memo caches cleared bef
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,16 +29,13 @@ ARMS = ("batched", "one by one")
 
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from bench_gate import Scenario, ingest, memgate_pass
+    from bench_gate import memgate_pass, one_namespace
     from bench_gate_cost import clear_gate_caches
 
     from engine.gate.claims import nlp
     from engine.gate.gate import Gate
-    from engine.index import IndexManager, IndexSettings
     from engine.runtime.loader import ModelChoice, load_models
     from engine.runtime.session import SessionSettings
-    from engine.store import SQLiteStore
-    from engine.types import Fact
 
     session = SessionSettings(intra_op_threads=args.threads)
     choice = ModelChoice(embedder_variant="fp32", nli="aegis-nli")
@@ -55,13 +50,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
-        tmp = Path(tempfile.mkdtemp(prefix="memgate-parse-"))
-        try:
-            store = SQLiteStore(tmp / "memgate.db")
-            index = IndexManager(store.iter_active_embeddings, IndexSettings(threads=1))
+        with one_namespace(embedder, scorer, corpus, n, args.facts) as (store, index, facts):
             gate = Gate(store, index, embedder, scorer)
-            slots, _ = ingest(gate, Scenario(f"N = {n:,}", 1, n), corpus, 1000)
-            facts = [Fact(f.namespace, f.text) for f in corpus.incoming(slots, args.facts, salt=n)]
             memgate_pass(gate, facts, args.batch)  # indexes loaded, models warm
             per_fact: dict[str, list[float]] = {a: [] for a in ARMS}
             identify: dict[str, list[float]] = {a: [] for a in ARMS}
@@ -82,9 +72,6 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         )
             finally:
                 nlp._Docs.many = batched  # type: ignore[method-assign]
-            ratios = [
-                o / b for b, o in zip(per_fact["batched"], per_fact["one by one"], strict=True)
-            ]
             rows.append(
                 {
                     "memories": n,
@@ -92,14 +79,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "ms_per_fact": {a: float(np.median(v)) for a, v in per_fact.items()},
                     "identify_ms_per_fact": {a: float(np.median(v)) for a, v in identify.items()},
                     "rounds_ms_per_fact": per_fact,
-                    "speedup": float(np.median(ratios)),
-                    "speedup_min": min(ratios),
-                    "speedup_max": max(ratios),
+                    **common.ratio_stats(per_fact["one by one"], per_fact["batched"], "speedup"),
                     "same_actions": decisions["batched"] == decisions["one by one"],
                 }
             )
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return rows
 
 

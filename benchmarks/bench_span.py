@@ -29,15 +29,16 @@ import numpy as np  # noqa: E402
 from benchmarks._common import (  # noqa: E402
     add_common_args,
     interleaved,
+    ratio_stats,
     run_header,
     save_results,
     table,
 )
+from engine.pipeline.span import PREFIX  # noqa: E402
 
 MODELS = (("aegis-nli", "int8"), ("nli-deberta-v3-small", "int8"), ("nli-deberta-v3-small", "fp32"))
 SIZES = (1, 8, 32)
 DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
-_PREFIX = "memgate_span/"
 
 
 def widen(model_in: Path, model_out: Path) -> int:
@@ -49,16 +50,16 @@ def widen(model_in: Path, model_out: Path) -> int:
     g = model.graph
     alias = {}
     for node in g.node:
-        if node.output[0].startswith(_PREFIX) and node.op_type in ("Slice", "Sub"):
-            if not node.input[0].startswith(_PREFIX):
+        if node.output[0].startswith(PREFIX) and node.op_type in ("Slice", "Sub"):
+            if not node.input[0].startswith(PREFIX):
                 alias[node.output[0]] = node.input[0]
-    keep = [n for n in g.node if not n.output[0].startswith(_PREFIX)]
+    keep = [n for n in g.node if not n.output[0].startswith(PREFIX)]
     for node in keep:
         for i, name in enumerate(node.input):
             node.input[i] = alias.get(name, name)
     del g.node[:]
     g.node.extend(keep)
-    inits = [i for i in g.initializer if not i.name.startswith(_PREFIX)]
+    inits = [i for i in g.initializer if not i.name.startswith(PREFIX)]
     del g.initializer[:]
     g.initializer.extend(inits)
     onnx.save(model, str(model_out))
@@ -149,17 +150,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 start = r * len(feeds[size]) // rounds  # both arms start at the same batch
                 for arm in order:
                     rates[arm].append(rate(arms[arm], feeds[size], slice_s, start))
-            ratios = [n / w for n, w in zip(rates["narrowed"], rates["wide"], strict=True)]
             points[size] = {
                 "narrowed_pairs_s": float(np.median(rates["narrowed"])),
                 "wide_pairs_s": float(np.median(rates["wide"])),
-                "ratio": float(np.median(ratios)),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
+                **ratio_stats(rates["narrowed"], rates["wide"]),
             }
             print(
                 f"  {name}/{variant} batch {size}: {points[size]['ratio']:.2f}x "
-                f"[{min(ratios):.2f}-{max(ratios):.2f}]",
+                f"[{points[size]['ratio_min']:.2f}-{points[size]['ratio_max']:.2f}]",
                 flush=True,
             )
         out[f"{name}/{variant}"] = {

@@ -34,9 +34,10 @@ from typing import Any
 from engine.errors import ModelError
 from engine.pipeline.graph import read, wiring
 
-__all__ = ["narrow_relative_span"]
+__all__ = ["PREFIX", "narrow_relative_span"]
 
-_PREFIX = "memgate_span/"
+PREFIX = "memgate_span/"
+"""Names of every node, tensor and initialiser the rewrite adds start with it."""
 
 
 def narrow_relative_span(model_in: Path, model_out: Path) -> dict[str, Any]:
@@ -88,10 +89,10 @@ def narrow_relative_span(model_in: Path, model_out: Path) -> dict[str, Any]:
     span = spans.pop()
 
     def int64(name: str, values: list[int]) -> str:
-        g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), _PREFIX + name))
-        return _PREFIX + name
+        g.initializer.append(numpy_helper.from_array(np.asarray(values, np.int64), PREFIX + name))
+        return PREFIX + name
 
-    p = _PREFIX
+    p = PREFIX
     head = [
         helper.make_node("Shape", [ids], [p + "ids_shape"]),
         helper.make_node("Gather", [p + "ids_shape", int64("one", [1])], [p + "length"], axis=0),
