@@ -12,9 +12,9 @@ batches.
   threads: the real contradiction model (``aegis-nli``, imported int8) and the target
   architecture (``nli-deberta-v3-small`` int8, random weights: its decisions are noise, its cost
   is the real one). A cold pass (indexes load from the store) is followed by warm passes; the
-  warm figure is the headline. Every pass triages a fresh set of M facts (the gate memoises
-  each text's parse, so facts seen before would be cheaper than new ones); warm pass i of
-  memgate and of PyTorch read the same set.
+  warm figure is the headline. Every pass of every system triages a fresh set of M facts
+  (the gate memoises each text's parse, so facts seen before would be cheaper than new ones);
+  PyTorch's warm pass i reads the facts of memgate deberta's warm pass i.
 * **best-effort PyTorch**: the seed's gate written well with sentence-transformers: memories
   embedded once, each batch of facts embedded in one ``SentenceTransformer.encode`` call, top-20
   by numpy dot product, floor 0.60, one batched ``CrossEncoder.predict`` over every candidate
@@ -544,14 +544,21 @@ def main(argv: list[str] | None = None) -> int:
         gates = {name: Gate(store, index, embedder, nli) for name, nli in scorers.items()}
         first = next(iter(gates.values()))
         slots, ingest_s = ingest(first, sc, corpus, args.ingest_chunk)
-        # A fresh set of facts for every pass (the cold one and each warm one): the gate memoises
-        # what it read of a text (parse, claim), so the same facts again would cost a warm pass
+        # A fresh set of facts for every pass of every system: the gate memoises what it read
+        # of a text (parse, claim; shared by the two gates), so facts seen before would cost
         # almost nothing outside the models. Memory texts recur across passes, as in traffic.
+        # PyTorch's pass i reads the facts of memgate deberta's pass i.
+        names = list(gates)
         fact_sets = [
-            corpus.incoming(slots, args.facts, salt=sc.memories + 7919 * i) for i in range(warm + 1)
+            corpus.incoming(slots, args.facts, salt=sc.memories + 7919 * i)
+            for i in range(1 + warm * len(names))
         ]
         sets = [[Fact(f.namespace, f.text) for f in inc] for inc in fact_sets]
-        incoming = fact_sets[1]
+
+        def set_of(i: int, name: str, names: list[str] = names) -> int:
+            return 1 + i * len(names) + names.index(name)
+
+        incoming = fact_sets[set_of(0, "deberta-v3-small int8")]
         kinds = Counter(f.kind for f in incoming)
 
         with Peak() as triage_mem:
@@ -561,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
             warm_runs: dict[str, list[Pass]] = {name: [] for name in gates}
             for i in range(warm):
                 for name, gate in gates.items():
-                    p = memgate_pass(gate, sets[i + 1], args.batch)
+                    p = memgate_pass(gate, sets[set_of(i, name)], args.batch)
                     warm_runs[name].append(p)
                     print(
                         f"  memgate {name}: {p.facts_per_s:.1f} facts/s, "
@@ -592,8 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         parity = float(np.min(np.sum(ref_vecs * vecs_s[:k], axis=1)))
         torch_runs = []
         with Peak() as torch_mem:
-            for i in range(warm):  # memgate's warm passes' facts, in order; the best counts
-                p = torch_pass(tg, fact_sets[i + 1], args.batch)
+            for i in range(warm):  # memgate deberta's warm passes' facts; the best counts
+                p = torch_pass(tg, fact_sets[set_of(i, "deberta-v3-small int8")], args.batch)
                 torch_runs.append(p)
                 print(
                     f"  best-effort PyTorch: {p.facts_per_s:.2f} facts/s, "

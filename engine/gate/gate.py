@@ -25,7 +25,7 @@ from engine.gate import keys as keymod
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
-from engine.gate.identify import identify
+from engine.gate.identify import identify, parse_batch
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
@@ -237,7 +237,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> identify -> relate -> score -> weigh / decide -> commit."""
+        """plan -> embed -> recall -> relate -> identify -> score -> weigh / decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
@@ -363,18 +363,21 @@ def decide_recalled(
     active_by_key: ActiveByKey,
     timings: dict[str, float] | None = None,
 ) -> tuple[list[Decision], int]:
-    """identify -> relate -> score -> weigh / decide, over probes whose hits are recalled:
+    """relate -> identify -> score -> weigh / decide, over probes whose hits are recalled:
     the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``identify``, ``relate``, ``nli`` and ``decide`` seconds. :meth:`Gate.triage` and callers
-    that bring their own candidates (:func:`engine.adapters.graphiti.judge`) share this
-    sequence."""
+    ``identify`` (the batch's parse included), ``relate``, ``nli`` and ``decide`` seconds.
+    :meth:`Gate.triage` and callers that bring their own candidates
+    (:func:`engine.adapters.graphiti.judge`) share this sequence."""
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
-    identify(probes, embedder, pol)
-    timings["identify"] = time.perf_counter() - t0
+    parse_batch(probes, pol)
+    parsed = time.perf_counter() - t0
     t0 = time.perf_counter()
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
     timings["relate"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    identify(probes, embedder, pol)  # reads the hits relate sends to the model
+    timings["identify"] = parsed + time.perf_counter() - t0
     t0 = time.perf_counter()
     pairs = score(probes, nli, pol)
     timings["nli"] = time.perf_counter() - t0

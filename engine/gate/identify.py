@@ -11,7 +11,14 @@ compliance officer is Maud Ellery" / "... is Amos Reyes") speak of one attribute
 two texts of which one is nothing but its subject and values and the other names every word of
 that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
 Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None).
-All frames of a batch go to the embedder in one call, and all its texts to the parser in one.
+All frames of a batch go to the embedder in one call, and all its texts to the parser in one
+(:func:`parse_batch`, before ``relate``).
+
+Only the hits the decision can weigh are read: those ``relate`` sends to the model
+(``hit.forward``: at or above the floor, or with a matching attribute key above the key-match
+floor, and not a sibling). The rule reads ``subject`` and ``attribute`` of no other hit, so
+every decision is the same as when all near hits were read; the others report ``attribute``
+None (not measured). About half the frames a batch used to embed were of hits below the floor.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from engine.gate.policy import Policy
 from engine.gate.ports import Embedder
 from engine.gate.probe import Hit, Probe
 
-__all__ = ["identify"]
+__all__ = ["identify", "parse_batch"]
 
 
 def _named_by_subject(bare: str, other: str) -> bool:
@@ -40,26 +47,32 @@ def _named_by_subject(bare: str, other: str) -> bool:
     return bool(words) and coverage(words, theirs.subject | theirs.content) == 1.0
 
 
-def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
-    """Fill ``hit.subject`` and ``hit.attribute`` of every checked hit at or above the lowest
-    floor; returns the number of frames embedded."""
+def parse_batch(probes: Sequence[Probe], policy: Policy) -> None:
+    """Parse every text that ``relate``, :func:`identify` and ``weigh`` will read (each checked
+    fact and its hits at or above the lowest floor) in one batch; each is memoised for them."""
     if not policy.claims:
-        return 0
+        return
     low = min(policy.floor, policy.key_match_floor)
-    # every text weighed below, parsed in one batch (each once; memoised for relate and weigh)
     parse.many(
         t
         for probe in probes
         if probe.checked
         for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.similarity >= low))
     )
+
+
+def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
+    """Fill ``hit.subject`` and ``hit.attribute`` of every checked fact's hits that ``relate``
+    sends to the model (``hit.forward``); returns the number of frames embedded."""
+    if not policy.claims:
+        return 0
     slots: list[tuple[Hit, str, str]] = []
     for probe in probes:
         if not probe.checked:
             continue
         text = probe.nli_text
         for hit in probe.hits:
-            if hit.similarity < low:
+            if not hit.forward:
                 continue
             hit.subject = subject_relation(text, hit.ref.text)
             drop = shared_subject(text, hit.ref.text)

@@ -2,7 +2,8 @@
 
 ``plan`` sets what to check and how (normalised text, extra recall queries); ``embed`` the
 vectors; ``recall`` the hits (stored neighbours and earlier facts of the batch); ``relate`` each
-hit's attribute relation and which hits the model must score; ``score`` the model's
+hit's attribute relation and which hits the model must score; ``identify`` the subject
+relation and frame similarity of those hits; ``score`` the model's
 probabilities; ``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`;
 ``decide`` sets the decision.
 """

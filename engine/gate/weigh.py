@@ -4,7 +4,9 @@ Adds the lexical signals the model misses (the memory already contains the fact;
 packs several claims and the fact leaves some standing; the fact restates, changes or adds to
 the memory's canonical values; the fact says what the memory says, of another subject; the
 two name two things of one kind, "Hive 2" and "Hive 4"),
-computed only where they can matter: at or above the lowest floor.
+computed only where they can matter: for the hits ``relate`` sends to the model
+(``hit.forward``), which are exactly the candidates the rule weighs (above their floor, not a
+sibling).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def _compare(memory: str, fact: str, policy: Policy) -> _Claims:
 def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     """``memory_id`` is the hit's id as the decision reports it (an in-batch ref resolved)."""
     ref, rel, fact = hit.ref, hit.relation, probe.fact
-    near = policy.lexical and hit.similarity >= min(policy.floor, policy.key_match_floor)
+    near = policy.lexical and hit.forward
     got = _compare(ref.text, fact.text, policy) if near and policy.claims else _Claims()
     return Evidence(
         memory_id=memory_id,

@@ -10,6 +10,7 @@ from engine.gate.claims.frame import frame, shared_subject, subject_relation
 from engine.gate.identify import _named_by_subject, identify
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.gate.probe import Hit, Probe, Ref
+from engine.gate.relate import relate
 from engine.gate.thresholds import for_embedder
 from engine.gate.weigh import weigh
 from engine.runtime.fake import FakeEmbedder
@@ -80,7 +81,7 @@ def test_subject_relation(a: str, b: str, want: str) -> None:
 def _probe(text: str, *memories: str) -> Probe:
     p = Probe(index=0, fact=Fact(namespace="ns", text=text), checked=True)
     p.hits = [
-        Hit(ref=Ref(f"m{i}", m, None, None, rowid=i), similarity=0.9, rank=i)
+        Hit(ref=Ref(f"m{i}", m, None, None, rowid=i), similarity=0.9, rank=i, forward=True)
         for i, m in enumerate(memories)
     ]
     return p
@@ -117,14 +118,32 @@ def test_a_bare_text_whose_subject_the_other_names_speaks_of_one_attribute() -> 
     assert not _named_by_subject("Use metric units.", shop)  # no subject: nothing named
 
 
-def test_below_the_floor_and_unchecked_facts_are_not_read() -> None:
+def test_hits_not_sent_to_the_model_and_unchecked_facts_are_not_read() -> None:
     p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.")
-    p.hits[0].similarity = 0.1
+    p.hits[0].forward = False  # below the floor, or a sibling: relate did not send it
     q = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.")
     q.checked = False
     emb = FakeEmbedder()
     assert identify([p, q], emb, STRICT) == 0 and emb.calls == []
     assert p.hits[0].attribute is None and q.hits[0].subject == ""
+
+
+def test_relate_then_identify_reads_only_the_hits_the_rule_can_weigh() -> None:
+    # between the key-match floor and the floor, only a matching key makes a hit weighable
+    p = _probe(
+        "Keiko lives in Osaka.",
+        "Keiko has lived in Kobe since 2019.",
+        "Keiko's favourite tea is sencha.",
+    )
+    p.hits[0].forward = p.hits[1].forward = False
+    p.hits[0].similarity, p.hits[1].similarity = 0.9, STRICT.floor - 0.05
+    relate([p], STRICT, has_entailment=False)
+    assert p.hits[0].forward and not p.hits[1].forward
+    emb = FakeEmbedder()
+    identify([p], emb, STRICT)
+    assert len(emb.calls) == 1  # the fact's frame and the one hit's, in one call
+    assert p.hits[0].attribute is not None and p.hits[1].attribute is None
+    assert p.hits[1].subject == ""
 
 
 def conflict(**kw: object) -> Evidence:
