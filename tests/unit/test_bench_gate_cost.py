@@ -127,3 +127,38 @@ def test_bench_gate_plots_any_mix_of_scenarios(tmp_path: Path, namespaces: list[
     png = tmp_path / "gate.png"
     assert bench_gate.plot(png, rows, "synthetic")
     assert png.stat().st_size > 1000
+
+
+def test_tree_path_puts_the_tree_first_and_this_checkout_last() -> None:
+    here = str(ROOT)
+    path = cost.tree_path("/old", ["/bench", here, "/site"], here)
+    assert path == ["/old", "/bench", "/site", here]
+    assert cost.tree_path(here, ["/bench", here], here) == [here, "/bench"]
+
+
+def test_a_worker_imports_the_engine_of_its_tree(tmp_path: Path) -> None:
+    """The old side must measure the old tree: ``_common`` puts this checkout first on the path
+    when it is missing, which once made both sides import this checkout's ``engine``."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "old-tree"
+    (fake / "engine" / "cli").mkdir(parents=True)
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "cli" / "__init__.py").write_text("")
+    (fake / "engine" / "cli" / "common.py").write_text("def default_cache_dir():\n    return 0\n")
+    code = (
+        "import sys; sys.argv = ['x']; import bench_gate_cost, _common, engine; "
+        "print(engine.__file__)"
+    )
+    env = {**os.environ, cost.TREE_ENV: str(fake), "PYTHONPATH": str(fake)}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "benchmarks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert Path(out.stdout.strip()).resolve() == (fake / "engine" / "__init__.py").resolve()
