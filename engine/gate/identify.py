@@ -12,7 +12,7 @@ two texts of which one is nothing but its subject and values and the other names
 that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
 Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None).
 All frames of a batch go to the embedder in one call, and all its texts to the parser in one
-(:func:`parse_batch`, before ``relate``).
+(:func:`parse_batch`, after ``relate``).
 
 Only the hits the decision can weigh are read: those ``relate`` sends to the model
 (``hit.forward``: at or above the floor, or with a matching attribute key above the key-match
@@ -48,16 +48,16 @@ def _named_by_subject(bare: str, other: str) -> bool:
 
 
 def parse_batch(probes: Sequence[Probe], policy: Policy) -> None:
-    """Parse every text that ``relate``, :func:`identify` and ``weigh`` will read (each checked
-    fact and its hits at or above the lowest floor) in one batch; each is memoised for them."""
+    """Parse every text that :func:`identify` and ``weigh`` will read (each checked fact and the
+    hits ``relate`` sends to the model) in one batch; each is memoised for them. ``relate``
+    itself parses nothing (its keys and numbers are read by rules), so this runs after it."""
     if not policy.claims:
         return
-    low = min(policy.floor, policy.key_match_floor)
     parse.many(
         t
         for probe in probes
         if probe.checked
-        for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.similarity >= low))
+        for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.forward))
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
-from engine.gate.identify import _named_by_subject, identify
+from engine.gate.identify import _named_by_subject, identify, parse_batch
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
@@ -144,6 +144,19 @@ def test_relate_then_identify_reads_only_the_hits_the_rule_can_weigh() -> None:
     assert len(emb.calls) == 1  # the fact's frame and the one hit's, in one call
     assert p.hits[0].attribute is not None and p.hits[1].attribute is None
     assert p.hits[1].subject == ""
+
+
+def test_the_batch_parse_takes_the_fact_and_the_hits_sent_to_the_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from engine.gate.claims import nlp
+
+    seen: list[str] = []
+    monkeypatch.setattr(nlp.parse, "many", lambda texts: seen.extend(texts) or 0)
+    p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea.")
+    p.hits[1].forward = False
+    parse_batch([p], STRICT)
+    assert seen == [p.nli_text, "Keiko has lived in Kobe since 2019."]
 
 
 def conflict(**kw: object) -> Evidence:
