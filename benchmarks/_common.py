@@ -29,8 +29,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+
+
+def with_checkout(path: Sequence[str], root: str, pythonpath: str) -> list[str]:
+    """``path`` with this checkout's ``root`` on it (for ``import engine``): first, unless
+    ``PYTHONPATH`` names trees, which then come first (bench_gate_cost runs an older tree's
+    engine under this checkout's scripts that way)."""
+    if root in path:
+        return list(path)
+    named = {os.path.abspath(x) for x in pythonpath.split(os.pathsep) if x}
+    at = max((i + 1 for i, x in enumerate(path) if os.path.abspath(x) in named), default=0)
+    return [*path[:at], root, *path[at:]]
+
+
+sys.path[:] = with_checkout(sys.path, str(ROOT), os.environ.get("PYTHONPATH", ""))
 
 from engine.cli.common import default_cache_dir  # noqa: E402 - the one cache default
 

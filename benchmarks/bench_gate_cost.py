@@ -6,8 +6,9 @@ with the parser included", where "today's" is the gate before the gate-v2 rewrit
 just before the rewrite landed); any revision can be named instead.
 
 The older revision is checked out into a temporary detached ``git worktree`` (removed at the
-end). Each side runs in its own subprocess with its tree first on ``sys.path`` (checked: a
-worker that imports another tree's ``engine`` fails), so each measures its own ``engine`` with
+end). Each side runs in its own subprocess with ``PYTHONPATH`` at its tree, which ``_common``
+keeps ahead of this checkout (checked: a worker that imports another tree's ``engine`` fails),
+so each measures its own ``engine`` with
 the same driver code and the same synthetic data (bench_gate's scenario: one
 namespace of N memories, M incoming facts - about half updates, a quarter duplicates, a quarter
 unrelated - triaged as strict dry runs in batches, fp32 MiniLM, ONNX Runtime int8 NLI:
@@ -55,20 +56,6 @@ from typing import Any  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-TREE_ENV = "MEMGATE_COST_TREE"
-"""A worker's tree: the ``engine`` it must import (set by :func:`run_side`)."""
-
-
-def tree_path(tree: str, path: Sequence[str], root: str) -> list[str]:
-    """``sys.path`` for a worker of ``tree``: the tree first, and this checkout's root present
-    but last, so ``_common`` (which puts the root first when it is missing) leaves it there and
-    ``import engine`` finds the tree's."""
-    rest = [x for x in path if x not in (tree, root)]
-    return [tree, *rest, *([root] if root != tree else [])]
-
-
-if os.environ.get(TREE_ENV):
-    sys.path[:] = tree_path(os.environ[TREE_ENV], sys.path, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 NAME = "bench_gate_cost"
@@ -152,7 +139,8 @@ def worker(args: argparse.Namespace) -> int:
     from engine.types import Fact
 
     where = Path(engine.__file__).resolve().parent
-    want = Path(os.environ.get(TREE_ENV) or ROOT).resolve() / "engine"
+    tree = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] or ROOT  # run_side's
+    want = Path(tree).resolve() / "engine"
     if where != want:
         raise SystemExit(f"worker imported {where}, not its tree's {want}")
     out: dict[str, Any] = {"engine": str(where), "sizes": {}}
@@ -256,7 +244,7 @@ def run_side(
         "--passes",
         str(args.passes),
     ] + (["--prepare"] if prepare else [])
-    env = {**os.environ, "PYTHONPATH": str(tree), TREE_ENV: str(tree), "MEMGATE_HOME": str(cache)}
+    env = {**os.environ, "PYTHONPATH": str(tree), "MEMGATE_HOME": str(cache)}
     with log.open("a") as fh:
         fh.write(f"\n$ PYTHONPATH={tree} {' '.join(cmd)}\n")
         fh.flush()

@@ -129,16 +129,24 @@ def test_bench_gate_plots_any_mix_of_scenarios(tmp_path: Path, namespaces: list[
     assert png.stat().st_size > 1000
 
 
-def test_tree_path_puts_the_tree_first_and_this_checkout_last() -> None:
+def test_the_checkout_goes_first_unless_pythonpath_names_a_tree() -> None:
+    from _common import with_checkout
+
     here = str(ROOT)
-    path = cost.tree_path("/old", ["/bench", here, "/site"], here)
-    assert path == ["/old", "/bench", "/site", here]
-    assert cost.tree_path(here, ["/bench", here], here) == [here, "/bench"]
+    assert with_checkout(["/bench", "/old", "/site"], here, "/old") == [
+        "/bench",
+        "/old",
+        here,
+        "/site",
+    ]
+    assert with_checkout(["/bench", "/site"], here, "") == [here, "/bench", "/site"]
+    assert with_checkout(["/bench", here], here, "/old") == ["/bench", here]
 
 
 def test_a_worker_imports_the_engine_of_its_tree(tmp_path: Path) -> None:
-    """The old side must measure the old tree: ``_common`` puts this checkout first on the path
-    when it is missing, which once made both sides import this checkout's ``engine``."""
+    """The old side must measure the old tree: ``_common`` used to put this checkout first on
+    the path, ahead of the worker's ``PYTHONPATH``, so both sides imported this checkout's
+    ``engine``."""
     import os
     import subprocess
 
@@ -151,7 +159,7 @@ def test_a_worker_imports_the_engine_of_its_tree(tmp_path: Path) -> None:
         "import sys; sys.argv = ['x']; import bench_gate_cost, _common, engine; "
         "print(engine.__file__)"
     )
-    env = {**os.environ, cost.TREE_ENV: str(fake), "PYTHONPATH": str(fake)}
+    env = {**os.environ, "PYTHONPATH": str(fake)}
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT / "benchmarks",
