@@ -25,7 +25,7 @@ from engine.gate import keys as keymod
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
-from engine.gate.identify import identify, parse_batch
+from engine.gate.identify import identify
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
@@ -373,8 +373,7 @@ def decide_recalled(
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
     timings["relate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    parse_batch(probes, pol)  # the texts of the hits relate sends to the model, in one batch
-    identify(probes, embedder, pol)  # reads those hits only
+    identify(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
     timings["identify"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     pairs = score(probes, nli, pol)

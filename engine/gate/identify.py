@@ -12,7 +12,7 @@ two texts of which one is nothing but its subject and values and the other names
 that subject ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900
 Mbps"). Otherwise, when only one side has words left, the attribute is not measured (None).
 All frames of a batch go to the embedder in one call, and all its texts to the parser in one
-(:func:`parse_batch`, after ``relate``).
+(after ``relate``).
 
 Only the hits the decision can weigh are read: those ``relate`` sends to the model
 (``hit.forward``: at or above the floor, or with a matching attribute key above the key-match
@@ -36,7 +36,7 @@ from engine.gate.policy import Policy
 from engine.gate.ports import Embedder
 from engine.gate.probe import Hit, Probe
 
-__all__ = ["identify", "parse_batch"]
+__all__ = ["identify"]
 
 
 def _named_by_subject(bare: str, other: str) -> bool:
@@ -48,25 +48,19 @@ def _named_by_subject(bare: str, other: str) -> bool:
     return bool(words) and coverage(words, theirs.subject | theirs.content) == 1.0
 
 
-def parse_batch(probes: Sequence[Probe], policy: Policy) -> None:
-    """Parse every text that :func:`identify` and ``weigh`` will read (each checked fact and the
-    hits ``relate`` sends to the model) in one batch; each is memoised for them. ``relate``
-    itself parses nothing (its keys and numbers are read by rules), so this runs after it."""
+def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
+    """Fill ``hit.subject`` and ``hit.attribute`` of every checked fact's hits that ``relate``
+    sends to the model (``hit.forward``); returns the number of frames embedded."""
     if not policy.claims:
-        return
+        return 0
+    # every text read here and in weigh, parsed in one batch (memoised for both); relate
+    # parses nothing (its keys and numbers are read by rules), so it can run first
     parse.many(
         t
         for probe in probes
         if probe.checked
         for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.forward))
     )
-
-
-def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
-    """Fill ``hit.subject`` and ``hit.attribute`` of every checked fact's hits that ``relate``
-    sends to the model (``hit.forward``); returns the number of frames embedded."""
-    if not policy.claims:
-        return 0
     slots: list[tuple[Hit, str, str]] = []
     for probe in probes:
         if not probe.checked:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
-from engine.gate.identify import _named_by_subject, identify, parse_batch
+from engine.gate.identify import _named_by_subject, identify
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
@@ -155,7 +155,7 @@ def test_the_batch_parse_takes_the_fact_and_the_hits_sent_to_the_model(
     monkeypatch.setattr(nlp.parse, "many", lambda texts: seen.extend(texts) or 0)
     p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea.")
     p.hits[1].forward = False
-    parse_batch([p], STRICT)
+    identify([p], FakeEmbedder(), STRICT)
     assert seen == [p.nli_text, "Keiko has lived in Kobe since 2019."]
 
 
