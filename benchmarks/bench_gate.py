@@ -208,6 +208,13 @@ def ingest(gate: Any, scenario: Scenario, corpus: Corpus, chunk: int) -> tuple[l
     return slots, time.perf_counter() - t0
 
 
+def as_facts(incoming: Sequence[Incoming]) -> list[Any]:
+    """The gate's input: each incoming fact's namespace and text."""
+    from engine.types import Fact
+
+    return [Fact(f.namespace, f.text) for f in incoming]
+
+
 @contextmanager
 def one_namespace(
     embedder: Any, nli: Any, corpus: Corpus, memories: int, facts: int
@@ -217,7 +224,6 @@ def one_namespace(
     from engine.gate.gate import Gate
     from engine.index import IndexManager, IndexSettings
     from engine.store import SQLiteStore
-    from engine.types import Fact
 
     tmp = Path(tempfile.mkdtemp(prefix="memgate-bench-store-"))
     try:
@@ -225,8 +231,7 @@ def one_namespace(
         index = IndexManager(store.iter_active_embeddings, IndexSettings(threads=1))
         scenario = Scenario(f"N = {memories:,}", 1, memories)
         slots, _ = ingest(Gate(store, index, embedder, nli), scenario, corpus, 1000)
-        incoming = corpus.incoming(slots, facts, salt=memories)
-        yield store, index, [Fact(f.namespace, f.text) for f in incoming]
+        yield store, index, as_facts(corpus.incoming(slots, facts, salt=memories))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -429,7 +434,6 @@ def main(argv: list[str] | None = None) -> int:
     from engine.gate.gate import Gate
     from engine.index import IndexManager, IndexSettings
     from engine.store import SQLiteStore
-    from engine.types import Fact
 
     if args.smoke:
         scenarios = [Scenario("N = 300", 1, 300), Scenario("5 ns x 40", 5, 40)]
@@ -548,27 +552,22 @@ def main(argv: list[str] | None = None) -> int:
         # of a text (parse, claim; shared by the two gates), so facts seen before would cost
         # almost nothing outside the models. Memory texts recur across passes, as in traffic.
         # PyTorch's pass i reads the facts of memgate deberta's pass i.
-        names = list(gates)
-        fact_sets = [
-            corpus.incoming(slots, args.facts, salt=sc.memories + 7919 * i)
-            for i in range(1 + warm * len(names))
-        ]
-        sets = [[Fact(f.namespace, f.text) for f in inc] for inc in fact_sets]
-
-        def set_of(i: int, name: str, names: list[str] = names) -> int:
-            return 1 + i * len(names) + names.index(name)
-
-        incoming = fact_sets[set_of(0, "deberta-v3-small int8")]
+        order = [("cold", 0)] + [(name, i) for i in range(warm) for name in gates]
+        fresh = {
+            run: corpus.incoming(slots, args.facts, salt=sc.memories + 7919 * k)
+            for k, run in enumerate(order)
+        }
+        incoming = fresh[("deberta-v3-small int8", 0)]
         kinds = Counter(f.kind for f in incoming)
 
         with Peak() as triage_mem:
             passes: dict[str, dict[str, Any]] = {}
-            cold = memgate_pass(gates["aegis int8"], sets[0], args.batch)
+            cold = memgate_pass(gates["aegis int8"], as_facts(fresh[("cold", 0)]), args.batch)
             print(f"  memgate cold pass (indexes load): {cold.facts_per_s:.1f} facts/s", flush=True)
             warm_runs: dict[str, list[Pass]] = {name: [] for name in gates}
             for i in range(warm):
                 for name, gate in gates.items():
-                    p = memgate_pass(gate, sets[set_of(i, name)], args.batch)
+                    p = memgate_pass(gate, as_facts(fresh[(name, i)]), args.batch)
                     warm_runs[name].append(p)
                     print(
                         f"  memgate {name}: {p.facts_per_s:.1f} facts/s, "
@@ -584,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         # Best-effort PyTorch: its memory matrices are the stored fp32 vectors (ONNX fp32 =
         # PyTorch within 2e-7, checked below on a sample), so its ingest is not re-run here.
         tg = TorchGate(st, ce, contradiction)
-        for ns in sorted({f.namespace for inc in fact_sets[1:] for f in inc}):
+        torch_sets = [fresh[("deberta-v3-small int8", i)] for i in range(warm)]
+        for ns in sorted({f.namespace for inc in torch_sets for f in inc}):
             rowids, vecs = store.iter_active_embeddings(ns)
             refs = store.texts_for_rowids(ns, rowids.tolist())
             tg.add_namespace(ns, [refs[int(r)].text for r in rowids], vecs)
@@ -599,8 +599,8 @@ def main(argv: list[str] | None = None) -> int:
         parity = float(np.min(np.sum(ref_vecs * vecs_s[:k], axis=1)))
         torch_runs = []
         with Peak() as torch_mem:
-            for i in range(warm):  # memgate deberta's warm passes' facts; the best counts
-                p = torch_pass(tg, fact_sets[set_of(i, "deberta-v3-small int8")], args.batch)
+            for facts in torch_sets:  # memgate deberta's warm passes' facts; the best counts
+                p = torch_pass(tg, facts, args.batch)
                 torch_runs.append(p)
                 print(
                     f"  best-effort PyTorch: {p.facts_per_s:.2f} facts/s, "
