@@ -177,13 +177,13 @@ def main() -> int:
         summary,
         sweep,
     )
-    from engine.evaluate import decide_cases, is_labelled, load_cases, stage
+    from engine.evaluate import decide_cases, is_labelled, load_cases, reach, stage
     from engine.gate.gate import Gate
     from engine.gate.policy import policy_by_name
     from engine.index import IndexManager
     from engine.runtime.loader import ModelChoice, load_models
     from engine.runtime.session import SessionSettings
-    from engine.scoring import review_measures, score
+    from engine.scoring import REACH_STEPS, review_measures, score
     from engine.store import SQLiteStore
 
     shared = load_scorer(args.scorer) if args.scorer else None
@@ -248,15 +248,17 @@ def main() -> int:
                 policy = policy_by_name(policy_name).with_overrides(overrides)
                 for set_name, _ in sets:
                     t0 = time.perf_counter()
-                    preds = [p for p, _ in decide_cases(gate, staged[set_name], policy)]
-                    rec = record(config, set_name, policy_name, overrides, preds)
+                    rows = decide_cases(gate, staged[set_name], policy)
+                    rec = record(config, set_name, policy_name, overrides, [p for p, _ in rows])
+                    rec["update_reach"] = reach(staged[set_name], rows, policy)
                     rec["seconds"] = time.perf_counter() - t0
                     results.append(rec)
                     m = rec["metrics"]
                     print(
                         f"  {config} on {set_name}: overwrites {m['wrongful_overwrites']}, "
-                        f"recall {m['update_recall']:.3f}, accuracy {m['accuracy']:.3f} "
-                        f"({rec['seconds']:.1f}s)",
+                        f"recall {m['update_recall']:.3f} (within the models' reach "
+                        f"{rec['update_reach']['target_within_reach']:.3f}), "
+                        f"accuracy {m['accuracy']:.3f} ({rec['seconds']:.1f}s)",
                         flush=True,
                     )
             for policy_name in fits:
@@ -358,6 +360,36 @@ def main() -> int:
     print(table(headers, rows, title=f"gate quality side by side (cases: {sizes})"))
     for line in skipped:
         print(line)
+    reach_rows = [
+        [
+            r["config"],
+            *(_fmt(r["update_reach"][k]) for k in REACH_STEPS),
+            _fmt(r["metrics"]["update_recall"]),
+            _fmt(r["review_measures"]["updates_queued_right_target"]),
+        ]
+        for r in results
+        if "update_reach" in r
+    ]
+    if reach_rows:
+        print()
+        print(
+            table(
+                [
+                    "config",
+                    "target recalled",
+                    "above floor",
+                    "scored",
+                    "contradicted > bar",
+                    "plain rule",
+                    "within reach",
+                    "gate recall",
+                    "queued right",
+                ],
+                reach_rows,
+                title="what the models leave the rules: shares of the true updates "
+                "(engine.scoring.update_reach)",
+            )
+        )
     review_rows = [
         [
             r["config"],

@@ -24,7 +24,16 @@ from engine.types import Decision, Fact
 if TYPE_CHECKING:
     from engine.gate.gate import Gate
 
-__all__ = ["Staged", "command", "decide_cases", "is_labelled", "load_cases", "predict", "stage"]
+__all__ = [
+    "Staged",
+    "command",
+    "decide_cases",
+    "is_labelled",
+    "load_cases",
+    "predict",
+    "reach",
+    "stage",
+]
 
 
 def load_cases(path: Path) -> list[dict[str, Any]]:
@@ -111,6 +120,32 @@ def predict(
     return decide_cases(gate, stage(gate, cases, prefix=prefix), policy)
 
 
+def reach(
+    staged: Staged, rows: Sequence[tuple[dict[str, Any], Decision]], policy: Policy
+) -> dict[str, Any]:
+    """:func:`engine.scoring.update_reach` of decided cases at ``policy``'s floor and bars."""
+    from engine.scoring import Seen, update_reach
+
+    seen = {
+        pred["id"]: [
+            Seen(staged.owners.get(c.memory_id), c.similarity, c.contradiction)
+            for c in d.candidates
+        ]
+        for pred, d in rows
+    }
+    return update_reach(
+        staged.cases,
+        seen,
+        floor=policy.floor,
+        contradiction=policy.contradiction,
+        lowest_floor=policy.key_match_floor if policy.keys else None,
+        lowest_bar=min(
+            policy.key_match_contradiction if policy.keys else 1.0,
+            policy.value_change_contradiction if policy.lexical and policy.claims else 1.0,
+        ),
+    )
+
+
 # -- the command ----------------------------------------------------------------------------------
 def command(args: Any, engine_settings: Any) -> int:
     """Run ``memgate eval``: predict every case; score them when every case is labelled.
@@ -120,6 +155,7 @@ def command(args: Any, engine_settings: Any) -> int:
     ``review_measures``)."""
     import sys
     import tempfile
+    import textwrap
 
     from engine.app import open_engine
     from engine.policy_file import resolve_policy
@@ -139,7 +175,8 @@ def command(args: Any, engine_settings: Any) -> int:
         tempfile.TemporaryDirectory() as tmp,
         open_engine(engine_settings, db_path=Path(tmp) / "eval.db") as eng,
     ):
-        rows = predict(eng.gate, cases, policy)
+        staged = stage(eng.gate, cases)
+        rows = decide_cases(eng.gate, staged, policy)
     lines = []
     for pred, d in rows:
         rec = dict(pred)
@@ -167,9 +204,12 @@ def command(args: Any, engine_settings: Any) -> int:
         return 0
     preds = [p for p, _ in rows]
     m, review = score(cases, preds), review_measures(cases, preds)
+    ceiling = reach(staged, rows, policy)
     if args.json:
-        print(json.dumps({**m, "review_measures": review}, indent=2))
+        print(json.dumps({**m, "review_measures": review, "update_reach": ceiling}, indent=2))
     else:
         print(f"{name} on {Path(args.cases).name}: {headline(m)}")
         print(format_scores(m, review))
+        print("update reach (what the models leave any rule, of the true updates):")
+        print(textwrap.indent(format_scores(ceiling), "  "))
     return 0

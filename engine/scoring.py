@@ -8,7 +8,9 @@ When several predictions share an id, the last one counts.
 
 :func:`score` returns the figures under the names the shared ``score.py`` uses (``memgate eval
 --json`` prints them; a test runs both scorers on the same predictions). :func:`review_measures`
-adds the three figures the review policy is judged by. Pure: no I/O, no models.
+adds the three figures the review policy is judged by. :func:`update_reach` measures what the
+models leave the rules to work with: how many true updates have their target above the floor and
+scored as contradicted at all. Pure: no I/O, no models.
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ACTIONS", "format_scores", "headline", "review_measures", "score"]
+__all__ = [
+    "ACTIONS",
+    "REACH_STEPS",
+    "Seen",
+    "format_scores",
+    "headline",
+    "review_measures",
+    "score",
+    "update_reach",
+]
 
 ACTIONS = ("replace", "add", "skip", "review")
 _MISSING = "missing"
@@ -158,6 +169,95 @@ def review_measures(
         ),
         "adds_skips_queued": _rate(sum(r.action == "review" for r in plain), len(plain)),
     }
+
+
+REACH_STEPS = (
+    "target_recalled",
+    "target_above_floor",
+    "target_scored",
+    "target_contradicted",
+    "plain_rule",
+    "target_within_reach",
+)
+"""The shares :func:`update_reach` reports, in its order."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One candidate as the gate saw it, named by the case's own memory id (``m1``...)."""
+
+    memory: str | None
+    similarity: float
+    contradiction: float | None
+    """None when the gate did not score it (below the floor, or a sibling it never asked)."""
+
+
+def update_reach(
+    cases: Sequence[Mapping[str, Any]],
+    seen: Mapping[Any, Sequence[Seen]],
+    *,
+    floor: float,
+    contradiction: float,
+    lowest_floor: float | None = None,
+    lowest_bar: float | None = None,
+) -> dict[str, Any]:
+    """How far the models let the rules go on the true updates (expected ``replace``).
+
+    Each share is of the true updates; each of the first four steps needs the one before it:
+
+    * ``target_recalled``: the target is among the recalled candidates;
+    * ``target_above_floor``: at or above the similarity ``floor``;
+    * ``target_scored``: the NLI model was asked about it;
+    * ``target_contradicted``: its contradiction exceeds ``contradiction``: what the seed's
+      floor and bar admit;
+    * ``plain_rule``: the target is the most similar candidate above the floor whose
+      contradiction exceeds the bar, which is all the seed's plain rule asks;
+    * ``target_within_reach``: scored, at or above ``lowest_floor`` and over ``lowest_bar``,
+      the least any rule of the policy accepts with extra evidence (a matching attribute key
+      from 0.40, a changed value at 0.50). No rule of the policy replaces more: an upper bound
+      on its update recall with these models.
+
+    ``seen`` maps a case id to its candidates; a case missing from it recalled nothing."""
+    lowest_floor = floor if lowest_floor is None else min(floor, lowest_floor)
+    lowest_bar = contradiction if lowest_bar is None else min(contradiction, lowest_bar)
+    updates = [c for c in cases if c["expected"]["action"] == "replace"]
+    counts: Counter[str] = Counter()
+    for case in updates:
+        cands = seen.get(case["id"], ())
+        target = next((s for s in cands if s.memory == case["expected"]["target"]), None)
+        if target is None:
+            continue
+        counts["target_recalled"] += 1
+        scored = target.contradiction
+        if scored is not None and target.similarity >= lowest_floor and scored > lowest_bar:
+            counts["target_within_reach"] += 1
+        if target.similarity < floor:
+            continue
+        counts["target_above_floor"] += 1
+        if scored is None:
+            continue
+        counts["target_scored"] += 1
+        if scored <= contradiction:
+            continue
+        counts["target_contradicted"] += 1
+        conflicts = [
+            s
+            for s in cands
+            if s.similarity >= floor
+            and s.contradiction is not None
+            and s.contradiction > contradiction
+        ]
+        if max(conflicts, key=lambda s: s.similarity) is target:
+            counts["plain_rule"] += 1
+    out: dict[str, Any] = {"updates": len(updates)}
+    out.update({k: _rate(counts[k], len(updates)) for k in REACH_STEPS})
+    out["bars"] = {
+        "floor": floor,
+        "contradiction": contradiction,
+        "lowest_floor": lowest_floor,
+        "lowest_bar": lowest_bar,
+    }
+    return out
 
 
 def headline(m: Mapping[str, Any]) -> str:

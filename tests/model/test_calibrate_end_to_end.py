@@ -89,6 +89,13 @@ def test_calibrate_end_to_end_and_eval_reproduces_the_choice(
     scored = json.loads(capsys.readouterr().out)
     for name in ("wrongful_overwrites", "update_recall", "accuracy", "review_rate"):
         assert scored[name] == chosen[name], name
+    reach = scored["update_reach"]  # what the models allowed, from the same decisions
+    labelled = [json.loads(line) for line in subset.read_text("utf-8").splitlines()]
+    assert reach["updates"] == sum(c["expected"]["action"] == "replace" for c in labelled)
+    steps = ["target_recalled", "target_above_floor", "target_scored", "target_contradicted"]
+    assert [reach[s] for s in steps] == sorted((reach[s] for s in steps), reverse=True)
+    assert reach["plain_rule"] <= reach["target_contradicted"] <= reach["target_recalled"]
+    assert reach["bars"]["floor"] == pf.overrides["floor"]
 
 
 def test_triage_takes_the_policy_file(

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from engine.scoring import ACTIONS, format_scores, headline, review_measures, score
+from engine.scoring import (
+    ACTIONS,
+    Seen,
+    format_scores,
+    headline,
+    review_measures,
+    score,
+    update_reach,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 HELDOUT = ROOT / "benchmarks" / "data" / "heldout.jsonl"
@@ -162,6 +170,52 @@ def test_review_measures() -> None:
         "updates_queued_right_target": pytest.approx(1 / 3),
         "adds_skips_queued": pytest.approx(1 / 3),
     }
+
+
+def test_update_reach_follows_each_true_update_to_the_first_step_it_fails() -> None:
+    cases = [
+        case("lost", "replace", "m1"),  # target not recalled
+        case("low", "replace", "m1"),  # below the floor, within the lowest floor's reach
+        case("asked-not", "replace", "m1"),  # above the floor, never scored
+        case("soft", "replace", "m1"),  # scored 0.85: only within the lowest bar's reach
+        case("beaten", "replace", "m2"),  # contradicted, but a more similar memory is too
+        case("plain", "replace", "m1"),  # the plain rule's replace
+        case("added", "add", None),  # not a true update: not counted
+    ]
+    seen = {
+        "low": [Seen("m1", 0.55, 0.99)],
+        "asked-not": [Seen("m1", 0.70, None)],
+        "soft": [Seen("m1", 0.80, 0.85)],
+        "beaten": [Seen("m1", 0.90, 0.97), Seen("m2", 0.70, 0.99), Seen(None, 0.95, 0.99)],
+        "plain": [Seen("m2", 0.90, 0.10), Seen("m1", 0.70, 0.99), Seen("m3", 0.50, 0.99)],
+        "added": [Seen("m1", 0.90, 0.99)],
+    }
+    r = update_reach(
+        cases, seen, floor=0.60, contradiction=0.95, lowest_floor=0.40, lowest_bar=0.80
+    )
+    assert r["updates"] == 6
+    assert r["target_recalled"] == pytest.approx(5 / 6)
+    assert r["target_above_floor"] == pytest.approx(4 / 6)
+    assert r["target_scored"] == pytest.approx(3 / 6)
+    assert r["target_contradicted"] == pytest.approx(2 / 6)
+    assert r["plain_rule"] == pytest.approx(1 / 6)
+    assert r["target_within_reach"] == pytest.approx(4 / 6)  # low, soft, beaten, plain
+    assert r["bars"] == {
+        "floor": 0.60,
+        "contradiction": 0.95,
+        "lowest_floor": 0.40,
+        "lowest_bar": 0.80,
+    }
+    # the bar is "exceeds", as in the gate; no lower floor or bar: the reach is the seed's
+    at = update_reach(cases, seen, floor=0.60, contradiction=0.97)
+    assert at["target_contradicted"] == at["target_within_reach"] == pytest.approx(2 / 6)
+    at = update_reach(cases, seen, floor=0.60, contradiction=0.99)
+    assert at["target_contradicted"] == 0.0 and at["plain_rule"] == 0.0
+    # a "lowest" floor or bar above the policy's own is no lower
+    at = update_reach(cases, seen, floor=0.60, contradiction=0.95, lowest_bar=0.99)
+    assert at["bars"]["lowest_bar"] == 0.95
+    nothing = update_reach([case("a", "add", None)], {}, floor=0.6, contradiction=0.9)
+    assert nothing["updates"] == 0 and math.isnan(nothing["target_recalled"])
 
 
 def test_text_output_names_every_figure() -> None:
