@@ -11,7 +11,10 @@ Measures, on synthetic memory-like sentences (8-30 words) and (memory, incoming 
    models/README.md), ``int8`` (level ``all``), and sentence-transformers'
    ``CrossEncoder.predict`` on the same random-initialised weights (PyTorch).
 3. The steps behind the NLI int8 figure at batch 32: length bucketing on/off, batch size,
-   intra-op threads and spinning, quantisation variants.
+   intra-op threads and spinning, quantisation variants, and where a forward's time goes by
+   operator (ONNX Runtime's profiler): the share in GEMMs bounds what any faster GEMM kernel
+   can give (pairs/s with every GEMM free, and with GEMMs as fast as the per-tensor int8
+   kernel of the GEMM ceiling).
 4. int8-vs-fp32 MiniLM drift: cosine on 1,000 sentences, and how far the candidate sets at the
    0.60 similarity floor move on a 10,000-memory namespace (Jaccard over 200 queries).
 
@@ -557,6 +560,138 @@ def bucketing_step(nli: Any, pairs: Sequence[tuple[str, str]], rounds: int) -> l
     ]
 
 
+GEMM_OPS = frozenset(
+    {
+        "MatMulNBits",
+        "MatMul",
+        "FusedMatMul",
+        "MatMulInteger",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "QLinearMatMul",
+        "Gemm",
+        "FusedGemm",
+    }
+)
+"""Operators whose time is a matrix product (what a faster GEMM kernel would speed up)."""
+
+
+def operator_times(events: Sequence[dict[str, Any]], skip_runs: int) -> dict[str, Any]:
+    """Kernel time by operator type in an ONNX Runtime profile (its JSON events), leaving out
+    the first ``skip_runs`` model runs (warm-up), and what follows from it: the share of a run
+    spent in matrix products (:data:`GEMM_OPS`) and how much faster a run would be if they cost
+    nothing (the bound any GEMM kernel can give)."""
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e["ts"],
+    )
+    if len(runs) <= skip_runs:
+        raise ValueError(f"the profile has {len(runs)} model runs, {skip_runs} to skip")
+    cut = runs[skip_runs]["ts"]
+    run_us = float(sum(e["dur"] for e in runs[skip_runs:]))
+    by: dict[str, float] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= cut:
+            op = e["args"]["op_name"]
+            by[op] = by.get(op, 0.0) + float(e["dur"])
+    gemm = sum(us for op, us in by.items() if op in GEMM_OPS)
+    rest = run_us - gemm
+    return {
+        "runs": len(runs) - skip_runs,
+        "run_us": run_us,
+        "kernel_us_by_op": dict(sorted(by.items(), key=lambda kv: -kv[1])),
+        "gemm_us": gemm,
+        "gemm_share": gemm / run_us if run_us else None,
+        "free_gemm_speedup": run_us / rest if rest > 0 else None,
+    }
+
+
+def operators_step(nli: Any, pairs: Sequence[tuple[str, str]], threads: int) -> dict[str, Any]:
+    """Where the scorer's forward spends its time: the scorer's own graph in a session with
+    the engine's options and ONNX Runtime's profiler on, fed the engine's length buckets; one
+    warm-up pass over the buckets, then a profiled one."""
+    import json
+
+    import onnxruntime as ort
+
+    prepared = nli.preprocess(pairs)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3
+    with tempfile.TemporaryDirectory() as tmp:
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "nli")
+        session = ort.InferenceSession(
+            str(nli.manifest.model_path), opts, providers=["CPUExecutionProvider"]
+        )
+        names = {i.name for i in session.get_inputs()}
+        feeds = [{k: v for k, v in b.feeds.items() if k in names} for b in prepared.buckets]
+        for f in feeds:
+            session.run(None, f)
+        t0 = time.perf_counter()
+        for f in feeds:
+            session.run(None, f)
+        wall = time.perf_counter() - t0
+        events = json.loads(Path(session.end_profiling()).read_text(encoding="utf-8"))
+    out = operator_times(events, skip_runs=len(feeds))
+    out.update(pairs=len(pairs), batches=len(feeds), profiled_pairs_per_s=len(pairs) / wall)
+    return out
+
+
+def gemm_bounds(
+    ops: dict[str, Any], rate: float | None, pytorch: float | None, faster: float | None
+) -> dict[str, Any]:
+    """What faster GEMMs could give the NLI forward at batch 32, from the profiled share of
+    its time in GEMMs (Amdahl): with every GEMM free (the most any kernel can give), and with
+    GEMMs ``faster`` times as fast (ONNX Runtime's per-tensor int8 kernel against the
+    row-invariant blockwise one, on the FFN shape). Each as pairs/s and as a multiple of
+    PyTorch's same-run rate."""
+    share = ops.get("gemm_share")
+
+    def at(speedup: float | None) -> dict[str, float | None]:
+        if share is None or not rate or speedup is None:
+            return {"speedup": None, "pairs_per_s": None, "vs_pytorch": None}
+        bound = rate * speedup
+        return {
+            "speedup": speedup,
+            "pairs_per_s": bound,
+            "vs_pytorch": bound / pytorch if pytorch else None,
+        }
+
+    free = ops.get("free_gemm_speedup")
+    sped = None if share is None or not faster else 1.0 / ((1.0 - share) + share / faster)
+    return {"free_gemms": at(free), "gemms_faster": at(sped), "faster": faster}
+
+
+def operators_table(ops: dict[str, Any], low: str, top: int = 8) -> str:
+    per_pair = ops["run_us"] / ops["pairs"] / 1e3
+    rows = [
+        [op, f"{us / ops['pairs'] / 1e3:.2f}", f"{us / ops['run_us']:.1%}", op in GEMM_OPS]
+        for op, us in list(ops["kernel_us_by_op"].items())[:top]
+    ]
+    title = (
+        f"(e) NLI {low}, batch 32: {per_pair:.1f} ms a pair under the profiler, "
+        f"{ops['gemm_share']:.1%} of it in GEMMs"
+    )
+    text = table(["operator", "ms a pair", "share", "GEMM"], rows, title=title)
+    bound = ops.get("bound") or {}
+    free, sped = bound.get("free_gemms") or {}, bound.get("gemms_faster") or {}
+    if free.get("vs_pytorch"):
+        text += (
+            f"\n  with every GEMM free: {free['pairs_per_s']:.0f} pairs/s = "
+            f"{free['vs_pytorch']:.2f}x PyTorch (the most any GEMM kernel can give)"
+        )
+    if sped.get("vs_pytorch"):
+        text += (
+            f"\n  with GEMMs {bound['faster']:.2f}x as fast (per-tensor MatMulInteger, not "
+            f"row-invariant): {sped['pairs_per_s']:.0f} pairs/s = {sped['vs_pytorch']:.2f}x"
+        )
+    return text
+
+
 def threads_step(
     cache: Path, pool: Sequence[tuple[str, str]], rounds: int, seconds: float
 ) -> list[dict[str, Any]]:
@@ -917,6 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
     e = Engine(low_nli, "ort", lambda items, _b: int8.score(items))
     more = sweep([e], pairs, int8_sizes, rounds, seconds, f"{low} by batch size")
     batch_res: dict[int, float | None] = {b: more[e.name][b].rate for b in int8_sizes}
+    ops_res = None if gpu else operators_step(int8, corpus.pairs(256, salt=23), args.threads)
     int8 = None
     release_memory()
     if gpu:  # CPU thread pools and int8 variants: nothing to measure on CUDA
@@ -929,6 +1065,15 @@ def main(argv: list[str] | None = None) -> int:
     # -- the physical limit ---------------------------------------------------------------
     print("\n[+] GEMM ceiling on the DeBERTa FFN shape", flush=True)
     ceiling = gemm_ceiling(args.threads, max(2, rounds // 2), seconds, m["isa"])
+    if ops_res is not None:  # at the batch size of the targets, against PyTorch's same-run rate
+        t32 = 32 if 32 in sizes else sizes[-1]
+        g = ceiling["gops"]
+        ops_res["bound"] = gemm_bounds(
+            ops_res,
+            batch_res.get(t32),
+            nli_points[TORCH][t32].rate,
+            g["int8"] / g["blockwise"] if g.get("blockwise") else None,
+        )
     t32c = 32 if 32 in sizes else sizes[-1]
     fractions = {
         "nli": {
@@ -1099,6 +1244,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"\n(d) quantisation settings: {quant_res['note'] or quant_res['variants']}")
+    if ops_res is not None:
+        print()
+        print(operators_table(ops_res, low))
     result["int8_routes"] = {}
     for v in routes:
         name = f"ort {v} (all)"
@@ -1170,6 +1318,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": {str(b): r for b, r in batch_res.items()},
         "threads_spinning": thread_res,
         "quantisation": quant_res,
+        "operators": ops_res,
     }
     result[f"drift_minilm_{low}_vs_fp32"] = drift_res
     result["engines"] = {"embedder": emb_info, "nli": nli_info}
