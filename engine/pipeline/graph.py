@@ -311,14 +311,16 @@ def rowwise_int8(
     model_in: Path, model_out: Path, *, dynamic_length: bool = False
 ) -> dict[str, Any]:
     """Like :func:`blockwise_int8`, but each constant-weight MatMul becomes ONNX Runtime's
-    u8 x s8 ``MatMulInteger`` (the dynamic int8 kernel, VNNI/AMX where the CPU has them) on
-    activations quantised symmetrically *per row* by standard ops (max |x| / 127, zero point
-    128): row-invariant like blockwise, on the faster kernel. Weights: int8 per column (a
-    dynamic int8 graph's are kept exactly)."""
+    u8 x s8 ``MatMulIntegerToFloat`` (the dynamic int8 kernel, VNNI/AMX where the CPU has them)
+    on activations quantised symmetrically *per row* (max |x| / 127, zero point 128, one
+    per-axis ``QuantizeLinear``): row-invariant like blockwise, on the faster kernel, with a
+    coarser activation grid (one scale per row instead of per row and 32-wide K-block).
+    Weights: int8 per column (a dynamic int8 graph's are kept exactly)."""
     counts = _rewrite(model_in, model_out, target="rowwise", dynamic_length=dynamic_length)
     return {
         "method": "rowwise",
-        "tool": "memgate.pipeline.graph.rowwise_int8 (MatMulInteger, per-row activation scales)",
+        "tool": "memgate.pipeline.graph.rowwise_int8 (com.microsoft.MatMulIntegerToFloat, "
+        "per-row activation scales)",
         "bits": 8,
         "activations": "uint8 per row, symmetric (zero point 128); no scale shared between rows",
         **counts,
@@ -521,42 +523,65 @@ def _rewrite(
 
     def emit_rowwise(node: Any, x: str, out: str, w: Any, scale: Any) -> None:
         """``out = x @ W`` with int8 ``W`` (``[K, N]``, per-column ``scale``) and ``x``
-        quantised symmetrically *per row* (scale = the row's max |x| / 127, zero point 128):
-        ONNX Runtime's u8 x s8 MatMulInteger kernel, and no scale shared between rows."""
+        quantised symmetrically *per row* (scale = the row's max |x| / 127, zero point 128), so
+        no scale is shared between rows. The rows are quantised by one per-axis
+        ``QuantizeLinear`` on ``x`` flattened to ``[rows, K]`` (opset 13; the blocked form needs
+        opset 21) and reshaped back; the product is ONNX Runtime's fused u8 x s8
+        ``MatMulIntegerToFloat`` (the dynamic int8 kernel, with the weight scales and the
+        int32-to-float conversion in one pass), times the row scales."""
         base = (node.name or out).replace("/", "_").strip("_") + "_rq"
         t = f"{base}/"
-        absx = helper.make_node("Abs", [x], [t + "abs"])
+        nodes = [helper.make_node("Abs", [x], [t + "abs"])]
         if opset >= 18:
             axes = const("rowwise_axes", np.array([-1], np.int64))
-            amax = helper.make_node("ReduceMax", [t + "abs", axes], [t + "amax"], keepdims=1)
+            nodes.append(helper.make_node("ReduceMax", [t + "abs", axes], [t + "amax"], keepdims=1))
         else:
-            amax = helper.make_node("ReduceMax", [t + "abs"], [t + "amax"], axes=[-1], keepdims=1)
-        floor = helper.make_node(
-            "Max", [t + "amax", const("rowwise_eps", np.float32(1e-12))], [t + "amax1"]
-        )
-        xs = helper.make_node(
-            "Mul", [t + "amax1", const("rowwise_inv127", np.float32(1 / 127))], [t + "xs"]
-        )
-        div = helper.make_node("Div", [x, t + "xs"], [t + "div"])
-        rnd = helper.make_node("Round", [t + "div"], [t + "rnd"])
-        shift = helper.make_node(
-            "Add", [t + "rnd", const("rowwise_128f", np.float32(128))], [t + "shift"]
-        )
-        q = helper.make_node("Cast", [t + "shift"], [t + "q"], to=onnx.TensorProto.UINT8)
-        w_name = f"{base}_w"
+            nodes.append(
+                helper.make_node("ReduceMax", [t + "abs"], [t + "amax"], axes=[-1], keepdims=1)
+            )
+        nodes += [
+            helper.make_node(
+                "Max", [t + "amax", const("rowwise_eps", np.float32(1e-12))], [t + "amax1"]
+            ),
+            helper.make_node(
+                "Mul", [t + "amax1", const("rowwise_inv127", np.float32(1 / 127))], [t + "xs"]
+            ),
+            # one scale and one zero point per row, as the 1-D tensors per-axis quantisation takes
+            helper.make_node(
+                "Reshape", [t + "xs", const("rowwise_flat", np.array([-1], np.int64))], [t + "s1"]
+            ),
+            helper.make_node("Shape", [t + "s1"], [t + "rows"]),
+            helper.make_node(
+                "ConstantOfShape",
+                [t + "rows"],
+                [t + "zp"],
+                value=numpy_helper.from_array(np.array([128], np.uint8)),
+            ),
+            helper.make_node("Flatten", [x], [t + "x2"], axis=-1),
+            helper.make_node("QuantizeLinear", [t + "x2", t + "s1", t + "zp"], [t + "q2"], axis=0),
+            helper.make_node("Shape", [x], [t + "shape"]),
+            helper.make_node("Reshape", [t + "q2", t + "shape"], [t + "q"]),
+        ]
+        w_name, ws = f"{base}_w", f"{base}_wscale"
         added.append(numpy_helper.from_array(w.astype(np.int8), w_name))
-        mm = helper.make_node(
-            "MatMulInteger",
-            [t + "q", w_name, const("rowwise_zp128", np.uint8(128))],
-            [t + "int"],
-            name=base,
-        )
-        cast = helper.make_node("Cast", [t + "int"], [t + "f"], to=onnx.TensorProto.FLOAT)
-        ws = f"{base}_wscale"
         added.append(numpy_helper.from_array(scale.astype(np.float32), ws))
-        m1 = helper.make_node("Mul", [t + "f", t + "xs"], [t + "m1"])
-        m2 = helper.make_node("Mul", [t + "m1", ws], [out])
-        replaced[id(node)] = [absx, amax, floor, xs, div, rnd, shift, q, mm, cast, m1, m2]
+        nodes += [
+            helper.make_node(
+                "MatMulIntegerToFloat",
+                [
+                    t + "q",
+                    w_name,
+                    const("rowwise_one", np.float32(1.0)),
+                    ws,
+                    const("rowwise_zp128", np.uint8(128)),
+                ],
+                [t + "y"],
+                name=base,
+                domain="com.microsoft",
+            ),
+            helper.make_node("Mul", [t + "y", t + "xs"], [out]),
+        ]
+        replaced[id(node)] = nodes
 
     for node in g.node:
         if node.op_type == "MatMulInteger":
@@ -612,7 +637,9 @@ def _rewrite(
     kept_inits = [i for i in list(g.initializer) + added if i.name in used]
     del g.initializer[:]
     g.initializer.extend(kept_inits)
-    if target == "blockwise" and not any(o.domain == "com.microsoft" for o in model.opset_import):
+    if target in ("blockwise", "rowwise") and not any(
+        o.domain == "com.microsoft" for o in model.opset_import
+    ):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     if dynamic_length:
         for inp in g.input:

@@ -136,10 +136,12 @@ def test_int8_graph_is_quantised(built: dict[str, Any]) -> None:
 
     nli_fp32 = graph.op_counts(built["nli"][0] / "model.onnx")
     nli_int8 = graph.op_counts(built["nli"][1] / "model.onnx")
-    # NLI int8 is blockwise: every constant-weight MatMul became MatMulNBits, nothing dynamic
-    assert nli_int8.get("MatMulNBits", 0) > 0
-    assert "DynamicQuantizeLinear" not in nli_int8 and "MatMulInteger" not in nli_int8
-    assert nli_int8.get("MatMul", 0) + nli_int8["MatMulNBits"] == nli_fp32.get("MatMul", 0)
+    # NLI int8 is rowwise: every constant-weight MatMul became a MatMulIntegerToFloat fed by a
+    # per-row QuantizeLinear, nothing quantised per tensor
+    fused = nli_int8.get("MatMulIntegerToFloat", 0)
+    assert fused > 0 and nli_int8.get("QuantizeLinear", 0) == fused
+    assert "DynamicQuantizeLinear" not in nli_int8 and "MatMulNBits" not in nli_int8
+    assert nli_int8.get("MatMul", 0) + fused == nli_fp32.get("MatMul", 0)
 
 
 def test_int8_manifest_records_isa_settings_and_drift(built: dict[str, Any]) -> None:
@@ -160,7 +162,7 @@ def test_int8_manifest_records_isa_settings_and_drift(built: dict[str, Any]) -> 
 def test_int8_manifests_record_batch_invariance(built: dict[str, Any]) -> None:
     nli = load_manifest(built["nli"][1])
     q, inv = nli.extra["quantization"], nli.extra["batch_invariance"]
-    assert q["method"] == "blockwise" and q["bits"] == 8 and q["accuracy_level"] == 4
+    assert q["method"] == "rowwise" and q["bits"] == 8 and "per row" in q["activations"]
     assert inv["invariant"] is True and inv["max_abs_diff"] <= inv["atol"] == 1e-4
     assert inv["batch"] == len(checks.PAIRS)
     # the embedder's int8 stays dynamic (per-tensor scales): measured, and found coupled
@@ -169,7 +171,8 @@ def test_int8_manifests_record_batch_invariance(built: dict[str, Any]) -> None:
 
 
 def test_rowwise_int8_is_row_invariant_and_near_fp32(built: dict[str, Any], tmp_path: Path) -> None:
-    """The other measured route: per-row activation scales on the MatMulInteger kernel."""
+    """The default route on the bare fp32 graph: per-row activation scales on the fused int8
+    kernel, row-invariant, near fp32."""
     import numpy as np
 
     from engine.runtime.session import OrtModel, SessionSettings
@@ -178,7 +181,7 @@ def test_rowwise_int8_is_row_invariant_and_near_fp32(built: dict[str, Any], tmp_
     settings = graph.rowwise_int8(fp32, rowwise)
     assert settings["weights_requantised"] > 0 and settings["method"] == "rowwise"
     ops = graph.op_counts(rowwise)
-    assert ops.get("MatMulInteger", 0) == settings["weights_requantised"]
+    assert ops.get("MatMulIntegerToFloat", 0) == settings["weights_requantised"]
     assert "DynamicQuantizeLinear" not in ops
     tok = built["nli"][0] / "tokenizer.json"
     got = {}
@@ -191,19 +194,23 @@ def test_rowwise_int8_is_row_invariant_and_near_fp32(built: dict[str, Any], tmp_
     assert np.abs(got["rw"] - got["fp32"]).max() < 0.05
 
 
-def test_blockwise_keeps_dynamic_int8_weights_exactly(
-    built: dict[str, Any], tmp_path: Path
+@pytest.mark.parametrize("route", ["rowwise", "blockwise"])
+def test_row_invariant_routes_keep_dynamic_int8_weights_exactly(
+    built: dict[str, Any], tmp_path: Path, route: str
 ) -> None:
-    """The aegis route on a tiny graph: dynamic int8 -> blockwise keeps the int8 weights (the
-    dequantised fp32 graph is its reference), batches invariantly, and takes any length."""
+    """The aegis route on a tiny graph: dynamic int8 -> rowwise or blockwise keeps the int8
+    weights (the dequantised fp32 graph is its reference), batches invariantly, and takes any
+    length."""
     import numpy as np
 
+    from engine.pipeline.build import INT8_ROUTES
     from engine.runtime.session import OrtModel, SessionSettings
 
     fp32 = built["nli"][0] / "model.onnx"
     dynamic, blockwise, reference = (tmp_path / f"{n}.onnx" for n in ("dyn", "nb8", "ref"))
     graph.quantize(fp32, dynamic)
-    settings = graph.blockwise_int8(dynamic, blockwise, dynamic_length=True)
+    settings = INT8_ROUTES[route](dynamic, blockwise, dynamic_length=True)
+    assert settings["method"] == route
     graph.dequantize(dynamic, reference)
     assert settings["weights_kept_exact"] > 0 and settings["matmuls_left"] == 0
     assert settings["weights_requantised"] == 0
@@ -224,7 +231,7 @@ def test_blockwise_keeps_dynamic_int8_weights_exactly(
     # aegis graph's is asserted in tests/model/test_runtime.py)
     assert out["nb8"][1]["invariant"]
     assert out["nb8"][1]["max_abs_diff"] <= out["dyn"][1]["max_abs_diff"]
-    # same weights, activations quantised per row and block: near the fp32 reference
+    # same weights, activations quantised per row (and block): near the fp32 reference
     assert np.abs(out["nb8"][0] - out["ref"][0]).max() < 0.05
 
 

@@ -145,7 +145,7 @@ def test_served_aegis_graph_is_narrowed_and_scores_as_the_wide_one(
     cache_dir: Path, tmp_path: Path
 ) -> None:
     """The served aegis graph reads only the relative positions its batch can have; against the
-    same blockwise graph without that rewrite (what the pipeline published before) every
+    same row-invariant graph without that rewrite (what the pipeline published before) every
     contradiction score is the same, short and long pairs batched together."""
     from engine.pipeline import graph
 
@@ -154,7 +154,7 @@ def test_served_aegis_graph_is_narrowed_and_scores_as_the_wide_one(
     assert relative["narrowed"] == 24 and relative["span"] == 256 and relative["left"] == 0
     imported = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli", nli_variant="imported"), "cpu")
     wide = tmp_path / "wide.onnx"
-    graph.blockwise_int8(imported.model_path, wide, dynamic_length=True)
+    graph.rowwise_int8(imported.model_path, wide, dynamic_length=True)
     shutil.copy(manifest.tokenizer_path, tmp_path / "tokenizer.json")
     long = " ".join(["The invoice for the harbour office lists a late fee."] * 20)
     pairs = [
@@ -177,7 +177,7 @@ def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> N
         ("The customer's office is in Denver.", "The customer's office is in Chicago."),
     ]
     batch = [pair, *mates]
-    # the default aegis variant is blockwise int8: measured invariant, so it batches
+    # the default aegis variant is rowwise int8: measured invariant, so it batches
     manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
     assert manifest.variant == "int8" and manifest.extra["batch_invariance"]["invariant"]
     nli = NLIScorer(manifest)
