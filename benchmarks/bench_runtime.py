@@ -356,8 +356,10 @@ def round_ratio_table(
 # -- the physical limit ----------------------------------------------------------------------
 def _one_matmul(path: Path, kind: str, m: int, k: int, n: int) -> dict[str, np.ndarray]:
     """A one-node graph ``[m, k] x [k, n]`` with a constant weight: fp32 MatMul, u8 x s8
-    MatMulInteger (dynamic int8's kernel), or 8-bit MatMulNBits at accuracy level 4 (the
-    blockwise kernel). Returns its feeds."""
+    MatMulInteger (dynamic int8's kernel), 8-bit MatMulNBits at accuracy level 4 (the
+    blockwise kernel), or the fp32 graph rewritten by the pipeline's rowwise route (per-row
+    quantisation into MatMulIntegerToFloat: the shipped int8 kernel, its quantisation
+    included). Returns its feeds."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -376,6 +378,13 @@ def _one_matmul(path: Path, kind: str, m: int, k: int, n: int) -> dict[str, np.n
         inits = [numpy_helper.from_array(rng.integers(-127, 128, (k, n), dtype=np.int8), "w")]
         feeds = {"x": rng.integers(0, 256, (m, k), dtype=np.uint8)}
         out_type = TensorProto.INT32
+    elif kind == "rowwise":
+        from engine.pipeline.graph import rowwise_int8
+
+        dense = path.with_name(path.stem + ".fp32.onnx")
+        _one_matmul(dense, "fp32", m, k, n)
+        rowwise_int8(dense, path)
+        return {"x": x}
     else:
         from engine.pipeline.graph import BLOCKWISE_BLOCK, _int8_blocks, _weight_blocks
 
@@ -420,7 +429,7 @@ def gemm_ceiling(threads: int, rounds: int, seconds: float, isa: Sequence[str]) 
     work = Path(tempfile.mkdtemp(prefix="memgate-gemm-"))
     kernels: dict[str, tuple[Any, dict[str, np.ndarray]]] = {}
     try:
-        for kind in ("fp32", "int8", "blockwise"):
+        for kind in ("fp32", "int8", "blockwise", "rowwise"):
             feeds = _one_matmul(work / f"{kind}.onnx", kind, m, k, n)
             model = OrtModel(work / f"{kind}.onnx", SessionSettings(intra_op_threads=threads))
             model.run(feeds)
@@ -454,7 +463,8 @@ def gemm_ceiling(threads: int, rounds: int, seconds: float, isa: Sequence[str]) 
 
 
 def gemm_flops_per_token(model_path: Path) -> float:
-    """2 x the weights of every constant-weight MatMul (fp32, MatMulInteger or MatMulNBits):
+    """2 x the weights of every constant-weight MatMul (fp32, MatMulInteger(ToFloat) or
+    MatMulNBits):
     what one token costs in GEMMs (attention's activation x activation products excluded)."""
     import onnx
 
@@ -465,7 +475,10 @@ def gemm_flops_per_token(model_path: Path) -> float:
         if node.op_type == "MatMulNBits":
             attrs = {a.name: a.i for a in node.attribute}
             total += attrs["K"] * attrs["N"]
-        elif node.op_type in ("MatMul", "MatMulInteger") and len(node.input) > 1:
+        elif (
+            node.op_type in ("MatMul", "MatMulInteger", "MatMulIntegerToFloat")
+            and len(node.input) > 1
+        ):
             dims = shapes.get(node.input[1])
             if dims and len(dims) == 2:
                 total += dims[0] * dims[1]
@@ -647,8 +660,8 @@ def gemm_bounds(
     """What faster GEMMs could give the NLI forward at batch 32, from the profiled share of
     its time in GEMMs (Amdahl): with every GEMM free (the most any kernel can give), and with
     GEMMs ``faster`` times as fast (ONNX Runtime's per-tensor int8 kernel against the
-    row-invariant blockwise one, on the FFN shape). Each as pairs/s and as a multiple of
-    PyTorch's same-run rate."""
+    row-invariant blockwise one, on the FFN shape; None when the graph is not on blockwise).
+    Each as pairs/s and as a multiple of PyTorch's same-run rate."""
     share = ops.get("gemm_share")
 
     def at(speedup: float | None) -> dict[str, float | None]:
@@ -743,9 +756,8 @@ def quant_step(cache: Path) -> dict[str, Any]:
     note = ""
     if len(variants) <= 1:
         note = (
-            "skipped: the pipeline builds one int8 variant (dynamic quantisation, per-channel "
-            "QInt8 weights, QUInt8 activations, the avx512_vnni preset), so there is no other "
-            "quantisation setting to compare"
+            "skipped: the pipeline builds one int8 variant (its settings are in the JSON), so "
+            "there is no other quantisation setting to compare"
         )
     return {"variants": variants, "settings": settings, "note": note}
 
@@ -1068,11 +1080,12 @@ def main(argv: list[str] | None = None) -> int:
     if ops_res is not None:  # at the batch size of the targets, against PyTorch's same-run rate
         t32 = 32 if 32 in sizes else sizes[-1]
         g = ceiling["gops"]
+        on_blockwise = next(iter(ops_res["kernel_us_by_op"]), "") == "MatMulNBits"
         ops_res["bound"] = gemm_bounds(
             ops_res,
             batch_res.get(t32),
             nli_points[TORCH][t32].rate,
-            g["int8"] / g["blockwise"] if g.get("blockwise") else None,
+            g["int8"] / g["blockwise"] if on_blockwise and g.get("blockwise") else None,
         )
     t32c = 32 if 32 in sizes else sizes[-1]
     fractions = {
@@ -1185,7 +1198,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nGEMM ceiling {ceiling['shape_mkn']} ({ceiling['int8_kernel_isa']}, "
             f"AMX {'yes' if ceiling['amx'] else 'no'}): fp32 {g['fp32']:,.0f}, int8 "
-            f"MatMulInteger {g['int8']:,.0f}, blockwise MatMulNBits {g['blockwise']:,.0f} GOPS"
+            f"MatMulInteger {g['int8']:,.0f}, blockwise MatMulNBits {g['blockwise']:,.0f}, "
+            f"rowwise (shipped: per-row quantisation + MatMulIntegerToFloat) {g['rowwise']:,.0f} "
+            "GOPS"
         )
         for what, unit in (("nli", "pairs/s"), ("embedder", "embeddings/s")):
             for name, f in fractions[what].items():
