@@ -1,8 +1,8 @@
 """aegis-nli in the gate: the served int8 graph against the graph as shipped, same run (issue 16's
 "aegis gate facts/s at least 2x today's, at unchanged quality").
 
-- ``int8``, what the gate serves now: blockwise int8, symbolic sequence axis, relative positions
-  narrowed to the padded length, batched;
+- ``int8``, what the gate serves now: row-invariant int8 (rowwise by default), symbolic
+  sequence axis, relative positions narrowed to the padded length, batched;
 - ``imported``, what it served when the issue was filed: the shipped graph, padded to 160
   tokens, per-tensor int8 activations, so ``row_invariant="auto"`` runs one pair per forward.
 

@@ -365,7 +365,8 @@ def _ceiling_lines(result: dict[str, Any]) -> list[str]:
         "",
         f"GEMM ceiling on {ceiling.get('shape_mkn')} ({ceiling.get('int8_kernel_isa')}, AMX "
         f"{'yes' if ceiling.get('amx') else 'no'}): fp32 {_rate(gops.get('fp32'))}, int8 "
-        f"{_rate(gops.get('int8'))}, blockwise {_rate(gops.get('blockwise'))} GOPS. At batch "
+        f"{_rate(gops.get('int8'))}, blockwise {_rate(gops.get('blockwise'))}, rowwise (shipped) "
+        f"{_rate(gops.get('rowwise'))} GOPS. At batch "
         f"{fractions.get('batch')}, each engine as a fraction of the ceiling of its kernel:",
         "",
     ]
