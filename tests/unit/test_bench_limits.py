@@ -109,3 +109,17 @@ def test_operator_times_leave_out_the_warm_up_and_bound_what_a_gemm_kernel_can_g
     assert "52.5% of it in GEMMs" in text and "every GEMM free: 63 pairs/s = 3.16x" in text
     with pytest.raises(ValueError, match="2 model runs, 2 to skip"):
         br.operator_times(events[:7], skip_runs=2)
+
+
+def test_int8_drift_counts_flips_on_either_side_of_each_bar() -> None:
+    import int8_drift
+    import numpy as np
+
+    ref = np.array([0.10, 0.49, 0.51, 0.90, 0.96, 0.99])
+    got = np.array([0.10, 0.52, 0.47, 0.79, 0.94, 0.99])
+    row = int8_drift.drift_row(got, ref)
+    assert row["max_abs"] == pytest.approx(0.11)
+    assert row["mean_abs"] == pytest.approx((0.03 + 0.04 + 0.11 + 0.02) / 6)
+    # 0.5: 0.49->0.52 up and 0.51->0.47 down; 0.8: 0.90->0.79; 0.95: 0.96->0.94
+    assert row["flips"] == {"0.5": 2, "0.8": 1, "0.95": 1}
+    assert int8_drift.drift_row(ref, ref)["flips"] == {"0.5": 0, "0.8": 0, "0.95": 0}
