@@ -30,20 +30,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 import numpy as np  # noqa: E402
 from _common import ROOT, add_common_args, run_header, save_results, table  # noqa: E402
 
-BARS = (0.5, 0.8, 0.95)
 DEFAULT_SETS = (
     f"{ROOT.parent / 'shared' / 'eval' / 'dev.jsonl'},{ROOT / 'benchmarks/data/heldout.jsonl'}"
 )
 
 
 def drift_row(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
-    """Max and mean |got - ref| and the flips at each of :data:`BARS` (a pair flips when it is
-    over the bar in one and not the other)."""
+    """Max and mean |got - ref| and the decision flips at the policy bars (the build's
+    ``decision_flips``, the same count the int8-static manifest records)."""
+    from engine.pipeline.build import decision_flips
+
     d = np.abs(got - ref)
     return {
         "max_abs": float(d.max()),
         "mean_abs": float(d.mean()),
-        "flips": {str(t): int(((got > t) != (ref > t)).sum()) for t in BARS},
+        "flips": decision_flips(got, ref),
     }
 
 
@@ -56,6 +57,7 @@ def main() -> int:
     header = run_header("int8_drift", args)
 
     from engine.pipeline import checks, graph
+    from engine.pipeline.build import STATIC_THRESHOLDS as BARS
     from engine.pipeline.build import _eval_pairs, _softmax
     from engine.pipeline.layout import artefact_dir
     from engine.runtime.manifest import load_manifest
@@ -84,9 +86,8 @@ def main() -> int:
     for name in [Path(x) for x in args.sets.split(",") if x]:
         pairs = _eval_pairs(name)
         probs: dict[str, np.ndarray] = {}
-        for k, (_, static) in arms.items():
-            print(f"  {name.name}: {k}, {len(pairs)} pairs", flush=True)
-            batches = checks.encode(
+        encoded = {
+            static: checks.encode(
                 tok,
                 pairs,
                 max_length=served.max_length,
@@ -94,6 +95,11 @@ def main() -> int:
                 batch_size=1,
                 static_length=static,
             )
+            for static in {s for _, s in arms.values()}
+        }
+        for k, (_, static) in arms.items():
+            print(f"  {name.name}: {k}, {len(pairs)} pairs", flush=True)
+            batches = encoded[static]
             logits = checks.gather(batches, lambda f, k=k: sessions[k].run(f)[0].astype(np.float64))
             probs[k] = _softmax(logits)[:, c]
         out[name.name] = {"pairs": len(pairs)}

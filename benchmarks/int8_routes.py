@@ -24,6 +24,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import bench_runtime as br  # noqa: E402
 
+from engine.pipeline.build import STATIC_VARIANT  # noqa: E402
+from engine.pipeline.layout import artefact_dir  # noqa: E402
+
 SHIPPED = "ort int8 (all)"
 BLOCKWISE = "ort blockwise (all)"
 ROUTES = (
@@ -43,7 +46,6 @@ def blockwise_scorer(cache: Path, work: Path, threads: int) -> Any:
     import shutil
 
     from engine.pipeline import graph
-    from engine.pipeline.layout import artefact_dir
     from engine.runtime.base import BatchSettings
     from engine.runtime.manifest import load_manifest
     from engine.runtime.nli import NLIScorer
@@ -83,7 +85,7 @@ def main() -> int:
     scorers: dict[str, Any] = {}
     engines = []
     work = Path(tempfile.mkdtemp(prefix="memgate-routes-"))
-    static = args.cache_dir / "models" / "nli-deberta-v3-small" / "int8-static"
+    static = artefact_dir(args.cache_dir, "nli-deberta-v3-small", STATIC_VARIANT)
     for label, variant in ROUTES:
         if variant == "int8-static" and not (static / "manifest.json").is_file():
             print(f"{label}: not built in {args.cache_dir}, skipped")

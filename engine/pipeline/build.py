@@ -1176,6 +1176,13 @@ STATIC_THRESHOLDS = (0.5, 0.8, 0.95)
 """Contradiction bars at which the static graph's decision flips against fp32 are counted."""
 
 
+def decision_flips(
+    got: np.ndarray, ref: np.ndarray, bars: Sequence[float] = STATIC_THRESHOLDS
+) -> dict[str, int]:
+    """Per bar, how many pairs are over it in one of ``got`` / ``ref`` and not in the other."""
+    return {str(t): int(((got > t) != (ref > t)).sum()) for t in bars}
+
+
 def _eval_pairs(path: Path) -> list[tuple[str, str]]:
     """(memory, incoming fact) pairs of a quality set (JSON lines); no label is read."""
     out: list[tuple[str, str]] = []
@@ -1268,9 +1275,7 @@ def build_static(
                 drift[path.name] = {
                     "pairs": len(ps),
                     "max_abs_contradiction_diff": float(np.abs(got - ref).max()),
-                    "flips": {
-                        str(t): int(((got > t) != (ref > t)).sum()) for t in STATIC_THRESHOLDS
-                    },
+                    "flips": decision_flips(got, ref),
                     "calibrated_on_this_file": path.resolve() == calibration_file.resolve(),
                 }
                 notes.append(f"{path.name}: {drift[path.name]}")

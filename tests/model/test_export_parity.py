@@ -114,11 +114,13 @@ def test_minilm_int8_stays_close_to_sentence_transformers(
     # the check set >= 0.99, min ~0.975. 7-bit weights (reduce_range, AVX2 without VNNI) cost a
     # little more: mean 0.989, min 0.963 measured on a Zen 3 (full range there was no better,
     # 0.987 / 0.960, so the setting stays); the builder's own bound is min 0.95.
-    seven_bit = bool(m.extra["quantization"]["reduce_range"])
-    assert cos.mean() >= (0.985 if seven_bit else 0.99)
-    assert cos.min() >= (0.955 if seven_bit else 0.97)
+    mean_floor, min_floor = (
+        (0.985, 0.955) if m.extra["quantization"]["reduce_range"] else (0.99, 0.97)
+    )
+    assert cos.mean() >= mean_floor
+    assert cos.min() >= min_floor
     drift = m.extra["drift_vs_fp32"]
-    assert drift["cosine_mean"] >= (0.985 if seven_bit else 0.99)
+    assert drift["cosine_mean"] >= mean_floor
     assert drift["max_abs_diff"] <= m.extra["parity"]["atol"]
 
 
