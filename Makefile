@@ -28,6 +28,8 @@ proto: $(STAMP)
 
 models: setup
 	$(BIN)/memgate --cache-dir $(CACHE) models build
+	# the duplicate judge of the served models, fitted on the checkout's labelled sets
+	$(BIN)/memgate --cache-dir $(CACHE) models judge
 
 demo: models
 	$(BIN)/memgate --cache-dir $(CACHE) demo

@@ -12,6 +12,7 @@ from typing import Any
 from engine.core import CoreSettings, SyncEngine
 from engine.core import Engine as CoreEngine
 from engine.gate.gate import Gate, GateSettings, validate_fact
+from engine.gate.judge.store import find_judge
 from engine.gate.policy import policy_by_name
 from engine.index import IndexManager, IndexSettings
 from engine.pipeline.layout import DEFAULT_CACHE_DIR
@@ -41,6 +42,9 @@ class EngineSettings:
     """The store: None for ``memgate.db`` in ``data_dir`` (SQLite), or a ``postgresql://``
     DSN shared by several replicas (``--store`` / ``MEMGATE_STORE``). Index snapshots stay
     per replica, in ``data_dir``."""
+    judge: bool = True
+    """Load the duplicate judge fitted for the served models (``memgate models judge``) when
+    the cache holds one; without it the gate's rule decides alone."""
     snapshots: bool = True
     """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads
     them (verified, reconciled) instead of rebuilding; ``IndexSettings.snapshot_min_vectors``
@@ -118,4 +122,7 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
         )
     else:
         index = IndexManager(store.iter_active_embeddings, settings.index, follow=follow)
-    return Engine(Gate(store, index, embedder, nli, settings.gate), settings)
+    judge = find_judge(settings.cache_dir, embedder, nli) if settings.judge else None
+    if judge is not None:
+        log.info("%s (bars %.2f / %.2f)", judge.describe(), judge.duplicate_bar, judge.keep_bar)
+    return Engine(Gate(store, index, embedder, nli, settings.gate, judge), settings)

@@ -672,7 +672,8 @@ def command(args: Any, engine_settings: Any) -> int:
         open_engine(engine_settings, db_path=Path(tmp) / "calibrate.db") as eng,
     ):
         g = eng.gate
-        memo = Gate(g.store, g.index, MemoEmbedder(g.embedder), MemoNLI(g.nli), g.settings)
+        memo = Gate(g.store, g.index, MemoEmbedder(g.embedder), MemoNLI(g.nli), g.settings, g.judge)
+        base = g.policy(base.name)  # with these models' thresholds and their judge's bars
         result = sweep(memo, cases, base, grid, progress=progress)
         models = {"embedder": model_provenance(g.embedder), "nli": model_provenance(g.nli)}
     work = result.model_work

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import InvalidInput
-from engine.gate.policy import Policy
+from engine.gate.policy import Policy, policy_by_name
 from engine.types import Decision, Fact
 
 if TYPE_CHECKING:
@@ -158,23 +158,26 @@ def command(args: Any, engine_settings: Any) -> int:
     import textwrap
 
     from engine.app import open_engine
-    from engine.policy_file import resolve_policy
+    from engine.policy_file import resolve_overrides
     from engine.scoring import format_scores, headline, review_measures, score
 
     cases = load_cases(Path(args.cases))
-    name, policy = resolve_policy(args.policy, args.policy_file)
+    name, from_file = resolve_overrides(args.policy, args.policy_file)
     try:
         overrides = json.loads(args.overrides) if args.overrides else None
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"--overrides is not JSON ({exc.msg})") from None
     if overrides is not None and not isinstance(overrides, dict):
         raise InvalidInput("--overrides must be a JSON object")
-    policy = policy.with_overrides(overrides)
+    overrides = {**from_file, **(overrides or {})}
+    policy_by_name(name).with_overrides(overrides)  # a bad override fails before models load
     labelled = is_labelled(cases)
     with (
         tempfile.TemporaryDirectory() as tmp,
         open_engine(engine_settings, db_path=Path(tmp) / "eval.db") as eng,
     ):
+        # the named policy with these models' thresholds and their judge's bars
+        policy = eng.gate.policy(name, overrides)
         staged = stage(eng.gate, cases)
         rows = decide_cases(eng.gate, staged, policy)
     lines = []

@@ -35,6 +35,7 @@ __all__ = [
     "base_name",
     "dump_policy_file",
     "load_policy_file",
+    "resolve_overrides",
     "resolve_policy",
 ]
 
@@ -142,6 +143,14 @@ def base_name(name: str | None, policy_file: PolicyFile | None) -> str:
     return policy_file.base
 
 
+def resolve_overrides(name: str | None, path: str | Path | None) -> tuple[str, dict[str, Any]]:
+    """``--policy NAME`` and/or ``--policy-file PATH`` as (base name, the file's validated
+    overrides): what a gate turns into its policy with its models' settings
+    (:meth:`engine.gate.gate.Gate.policy`)."""
+    pf = load_policy_file(path) if path is not None else None
+    return base_name(name, pf), {} if pf is None else dict(pf.overrides)
+
+
 def resolve_policy(name: str | None, path: str | Path | None) -> tuple[str, Policy]:
     """``--policy NAME`` and/or ``--policy-file PATH`` as (base name, policy)."""
     pf = load_policy_file(path) if path is not None else None
@@ -157,7 +166,6 @@ class PolicyFileGate:
     def __init__(self, gate: Any, policy_file: PolicyFile) -> None:
         self._gate = gate
         self.policy_file = policy_file
-        self._policy = policy_file.policy
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gate, name)
@@ -170,6 +178,6 @@ class PolicyFileGate:
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> Any:
-        if policy == self.policy_file.base:
-            policy = self._policy
+        if policy == self.policy_file.base:  # the named policy, with the file's overrides
+            overrides = {**self.policy_file.overrides, **(overrides or {})}
         return self._gate.triage(facts, policy, apply=apply, overrides=overrides)

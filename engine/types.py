@@ -86,6 +86,9 @@ class Candidate:
     attribute: float | None = None
     """Similarity of the two frames (subject and values out): the evidence that memory and fact
     speak of one attribute; None when not measured. In-process only (not on the wire)."""
+    duplicate: float | None = None
+    """The duplicate judge's probability that the fact restates this memory
+    (:mod:`engine.gate.judge`); None when not judged. In-process only (not on the wire)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +114,7 @@ class Decision:
     def scores(self) -> dict[str, Any]:
         """The compact score record stored with the memory and in the event log."""
         best = next((c for c in self.candidates if c.memory_id == self.target_id), None)
-        return {
+        record: dict[str, Any] = {
             "policy": self.policy,
             "rule": self.rule,
             "target": self.target_id,
@@ -122,6 +125,9 @@ class Decision:
             "inferred_key": self.inferred_key,
             "hypothesis": self.hypothesis,
         }
+        if best is not None and best.duplicate is not None:
+            record["duplicate"] = round(best.duplicate, 6)  # the duplicate judge's probability
+        return record
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,12 +31,12 @@ def register(sub: Any) -> None:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from engine.app import open_engine
-    from engine.policy_file import resolve_policy
+    from engine.policy_file import resolve_overrides
 
-    _, policy = resolve_policy(args.policy, args.policy_file)
+    name, overrides = resolve_overrides(args.policy, args.policy_file)
     facts = list(facts_from_arg("memgate triage", args.file))
     with open_engine(engine_settings(args)) as eng:
-        result = eng.gate.triage(facts, policy, apply=args.apply)
+        result = eng.gate.triage(facts, name, apply=args.apply, overrides=overrides)
     for d in result.decisions:
         if args.json:
             record = {

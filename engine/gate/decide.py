@@ -9,7 +9,8 @@ earlier fact's candidate id resolves to the id its memory got. The rules:
   namespace holds no active memory with that key, skipped when it repeats that memory's text,
   and replaces it otherwise (no model involved);
 * every other fact: the policy's rule (:func:`engine.gate.policy.decide`) over its candidates'
-  evidence (:mod:`engine.gate.weigh`).
+  evidence (:mod:`engine.gate.weigh`), then the duplicate judge's amendment when the gate has
+  one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from engine.gate.judge import VerdictJudge
 from engine.gate.policy import Policy
 from engine.gate.policy import decide as rule
 from engine.gate.probe import Probe
@@ -47,7 +49,12 @@ class Batch:
             self.gone.add(d.target_id)
 
 
-def decide(probes: Sequence[Probe], policy: Policy, active_by_key: ActiveByKey) -> list[Decision]:
+def decide(
+    probes: Sequence[Probe],
+    policy: Policy,
+    active_by_key: ActiveByKey,
+    judge: VerdictJudge | None = None,
+) -> list[Decision]:
     batch = Batch()
     out = []
     for probe in probes:
@@ -57,14 +64,16 @@ def decide(probes: Sequence[Probe], policy: Policy, active_by_key: ActiveByKey) 
         elif probe.fact.key is not None:
             d = _keyed(probe, policy, batch, active_by_key, new_id)
         else:
-            d = _free_text(probe, policy, batch, new_id)
+            d = _free_text(probe, policy, batch, new_id, judge)
         batch.record(probe, d)
         probe.decision = d
         out.append(d)
     return out
 
 
-def _free_text(probe: Probe, policy: Policy, batch: Batch, new_id: str) -> Decision:
+def _free_text(
+    probe: Probe, policy: Policy, batch: Batch, new_id: str, judge: VerdictJudge | None
+) -> Decision:
     evidence = []
     for hit in probe.hits:
         mid = batch.ids.get(hit.ref.memory_id, hit.ref.memory_id)
@@ -72,6 +81,8 @@ def _free_text(probe: Probe, policy: Policy, batch: Batch, new_id: str) -> Decis
             continue  # superseded earlier in this batch, or that fact stored nothing
         evidence.append(weigh(probe, hit, policy, mid))
     v = rule(evidence, policy)
+    if judge is not None:
+        v = judge.amend(v, evidence, probe.fact.text, policy)
     name = v.rule
     if probe.hypothesis and probe.norm is not None and v.action in ("replace", "review"):
         name = f"{name}+normalized:{probe.norm.rule}"

@@ -26,6 +26,7 @@ from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
 from engine.gate.identify import identify
+from engine.gate.judge import VerdictJudge
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
@@ -119,12 +120,15 @@ class Gate(Generic[S, X]):
         embedder: Embedder,
         nli: NLI,
         settings: GateSettings | None = None,
+        judge: VerdictJudge | None = None,
     ) -> None:
         self.store = store
         self.index = index
         self.embedder = embedder
         self.nli = nli
         self.settings = settings or GateSettings()
+        self.judge = judge
+        """The duplicate judge fitted for these models (:mod:`engine.gate.judge`), if any."""
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
 
@@ -150,7 +154,7 @@ class Gate(Generic[S, X]):
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        pol = policy_for(policy, self.nli, self.embedder).with_overrides(overrides)
+        pol = self.policy(policy, overrides)
         if len(facts) > self.settings.max_batch:
             raise InvalidInput(
                 f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}"
@@ -163,6 +167,11 @@ class Gate(Generic[S, X]):
             return self._triage_replays(facts, pol, apply=False)
         with self.namespaces_locked({f.namespace for f in facts}):
             return self._triage_replays(facts, pol, apply=True)
+
+    def policy(self, policy: Policy | str, overrides: dict[str, Any] | None = None) -> Policy:
+        """``policy`` as this gate runs it: a named one with its models' thresholds and its
+        judge's bars (:func:`policy_for`), then ``overrides`` (validated)."""
+        return policy_for(policy, self.nli, self.embedder, self.judge).with_overrides(overrides)
 
     # -- idempotent replays ------------------------------------------------------------------
     def _triage_replays(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
@@ -247,7 +256,7 @@ class Gate(Generic[S, X]):
         recall(probes, self.store, self.index, pol.top_k)
         timings["search"] = time.perf_counter() - t0
         decisions, pairs = decide_recalled(
-            probes, self.embedder, self.nli, pol, self.store.active_by_key, timings
+            probes, self.embedder, self.nli, pol, self.store.active_by_key, timings, self.judge
         )
         if apply:
             t0 = time.perf_counter()
@@ -346,13 +355,16 @@ class Gate(Generic[S, X]):
             return commit(self.store, self.index, decisions, vectors, "ingest")
 
 
-def policy_for(policy: Policy | str, nli: NLILike, embedder: EmbedderLike) -> Policy:
-    """A named policy with the thresholds of these models (:mod:`engine.gate.thresholds`); a
-    :class:`Policy` object is taken as it is."""
+def policy_for(
+    policy: Policy | str, nli: NLILike, embedder: EmbedderLike, judge: VerdictJudge | None = None
+) -> Policy:
+    """A named policy with the thresholds of these models (:mod:`engine.gate.thresholds`) and
+    the bars of their duplicate judge; a :class:`Policy` object is taken as it is."""
     if not isinstance(policy, str):
         return policy
     pol = for_model(policy_by_name(policy), _model_name(nli))
-    return for_embedder(pol, _model_name(embedder))
+    pol = for_embedder(pol, _model_name(embedder))
+    return pol if judge is None else judge.policy(pol)
 
 
 def decide_recalled(
@@ -362,6 +374,7 @@ def decide_recalled(
     pol: Policy,
     active_by_key: ActiveByKey,
     timings: dict[str, float] | None = None,
+    judge: VerdictJudge | None = None,
 ) -> tuple[list[Decision], int]:
     """relate -> identify -> score -> weigh / decide, over probes whose hits are recalled:
     the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
@@ -379,7 +392,7 @@ def decide_recalled(
     pairs = score(probes, nli, pol)
     timings["nli"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    decisions = decide(probes, pol, active_by_key)
+    decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0
     return decisions, pairs
 

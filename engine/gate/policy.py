@@ -134,6 +134,18 @@ class Policy:
     attribute_similarity: float = 0.10
     """Frame similarity (embedder cosine, subject and values out) that counts as the same
     attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
+    judge: bool = True
+    """Let the duplicate judge fitted for the served models (:mod:`engine.gate.judge`, built by
+    ``memgate models judge``) amend the rule: a fact the rule would add is skipped when one of
+    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's skip
+    the judge gives under ``judge_keep`` is stored as new. It never replaces, never queues.
+    Without a judge for the served models the rule decides alone."""
+    judge_duplicate: float = 0.80
+    """Duplicate probability at or above which the judge skips a fact the rule would add.
+    Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
+    judge_keep: float = 0.10
+    """Duplicate probability below which the judge overturns a rule's skip (stores the fact).
+    Belongs to the judge, like ``judge_duplicate``."""
 
     def __post_init__(self) -> None:
         unit = (
@@ -149,6 +161,8 @@ class Policy:
             "value_change_contradiction",
             "restate_coverage",
             "attribute_margin",
+            "judge_duplicate",
+            "judge_keep",
         )
         for name in unit:
             value = getattr(self, name)

@@ -6,6 +6,8 @@
                           [--nli ID|PATH] [--variants fp32,int8,...] [--no-aegis] [--force]
     memgate models list   [--cache-dir DIR]
     memgate models verify [--cache-dir DIR]      exit 1 when any artefact fails its hashes
+    memgate models judge  [--cache-dir DIR] [--cases F.jsonl ...] [--nli NAME] ...
+                          fit the duplicate judge of the served models (engine.fit_judge)
 
 The cache default (``$MEMGATE_HOME``, else ``~/.cache/memgate``) is the one of every command:
 :func:`engine.cli.common.default_cache_dir`. This module imports nothing heavy at import time.
@@ -65,6 +67,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     build.add_argument("--force", action="store_true", help="rebuild artefacts that are up to date")
     build.set_defaults(func=_cmd_build)
 
+    judge = sub.add_parser(
+        "judge",
+        help="fit the duplicate judge of the served models on labelled cases",
+        description="Fit the duplicate judge (engine.gate.judge) for the models the engine "
+        "serves with these flags, on labelled cases (default: this checkout's labelled sets), "
+        "cross-validated; writes <cache>/judges/<embedder>+<nli>.json.",
+    )
+    judge.add_argument("--cases", nargs="*", help="labelled JSONL sets (each a fold)")
+    judge.add_argument("--trees", type=int, default=200, help="boosting rounds (default 200)")
+    judge.add_argument("--json", action="store_true", help="print the fit's record as JSON")
+    judge.add_argument("--quiet", action="store_true", help="no progress lines")
+    judge.add_argument(
+        "--force", action="store_true", help="refit even when the judge is up to date"
+    )
+    from engine.cli.common import add_engine_flags
+
+    add_engine_flags(judge)
+    judge.set_defaults(func=_cmd_judge)
+
     listing = sub.add_parser("list", help="table of artefacts and whether they verify")
     common(listing)
     listing.set_defaults(func=_cmd_list)
@@ -101,6 +122,18 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _cmd_judge(args: argparse.Namespace) -> int:
+    from engine.cli.common import engine_settings
+    from engine.fit_judge import command
+
+    args.cache_dir = str(_cache(args))
+    try:
+        return command(args, engine_settings(args))
+    except MemgateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _row(directory: Path) -> tuple[list[str], bool]:

@@ -314,17 +314,17 @@ class FakeGate:
 
 def test_policy_file_gate_redefines_only_its_base_policy() -> None:
     inner = FakeGate()
-    pf = PolicyFile("strict", {"floor": 0.75})
+    pf = PolicyFile("strict", {"floor": 0.75, "top_k": 5})
     gate = PolicyFileGate(inner, pf)
     assert gate.settings == "the gate's settings"
     assert gate.triage([], "strict", apply=True, overrides={"top_k": 3}) == "result"
     gate.triage([], "review")
     gate.triage([], REVIEW)
-    (p1, kw1), (p2, _), (p3, _) = inner.seen
-    assert (
-        p1 == pf.policy and p1.floor == 0.75 and kw1 == {"apply": True, "overrides": {"top_k": 3}}
-    )
-    assert p2 == "review" and p3 is REVIEW
+    (p1, kw1), (p2, kw2), (p3, _) = inner.seen
+    # the named policy (so the gate adds its models' thresholds and judge's bars), with the
+    # file's overrides under the request's own
+    assert p1 == "strict" and kw1 == {"apply": True, "overrides": {"floor": 0.75, "top_k": 3}}
+    assert p2 == "review" and kw2["overrides"] is None and p3 is REVIEW
 
 
 @pytest.mark.parametrize("command", ["triage", "serve", "backfill", "eval"])

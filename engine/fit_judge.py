@@ -1,0 +1,381 @@
+"""``memgate models judge``: fit the duplicate judge for the served models on labelled cases.
+
+1. **Capture.** Every case's memories are stored and its fact triaged as a dry run under the
+   review policy, as ``memgate eval`` runs it, with a recording judge in the gate: it keeps the
+   evidence the rule saw for each fact and changes nothing. Review's floor (0.45) is the lowest
+   of the named policies, so every candidate any policy judges has its model scores.
+2. **Rows.** Each case's judged candidates (:func:`engine.gate.judge.features.features`) with
+   the label "this memory is the one the fact duplicates" (expected ``skip`` with it as target).
+3. **Cross-validation.** Each labelled set in turn is scored by trees fitted on the others
+   (leave one set out, as each set has its own author and wording; with fewer than three sets,
+   five folds of cases). The out-of-fold probabilities are the judge's figures on wording it
+   was not fitted on.
+4. **Bars.** Strict's rule verdicts are replayed over the same evidence (the rule is pure) and
+   amended with the out-of-fold probabilities for every pair of bars of the grid; of the pairs
+   that skip no more new facts and updates than the rule alone (lost information), the one with
+   the most correct decisions wins (:func:`choose_bars`). The figures of the rule alone and
+   with the judge at those bars are the cross-validated estimate, recorded in the judge file
+   and printed. (The bars are chosen on the same out-of-fold probabilities they are scored
+   with: two numbers, a small optimism; ``benchmarks/cv_judge.py`` chooses them without the
+   set it scores.)
+5. **Fit** on every case and write the sealed judge file for these models
+   (:mod:`engine.gate.judge.store`).
+
+Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
+heldout, heldout2 ... heldout9 and the shared ``dev.jsonl`` next to the checkout when present.
+heldout10 is never among them: it is the held-out measuring stick.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.calibrate import finite
+from engine.errors import InvalidInput
+from engine.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
+from engine.gate.judge import Judge, amended
+from engine.gate.judge.boost import BoostSettings, fit
+from engine.gate.judge.features import features
+from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
+from engine.gate.policy import decide as rule
+from engine.scoring import score
+
+__all__ = [
+    "BAR_GRID",
+    "Captured",
+    "Fitted",
+    "capture",
+    "choose_bars",
+    "command",
+    "default_sets",
+    "fit_judge",
+    "out_of_fold",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "benchmarks" / "data"
+TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 10)))
+"""The checkout's labelled sets a judge is fitted on by default (``benchmarks/data``)."""
+HELD_OUT = ("heldout10",)
+"""Sets never fitted on by default: the measuring stick of the gate."""
+
+BAR_GRID: dict[str, tuple[float, ...]] = {
+    "duplicate_bar": tuple(round(0.3 + 0.05 * i, 2) for i in range(14)),
+    "keep_bar": (0.0, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.60),
+}
+
+
+def default_sets() -> list[Path]:
+    """The shared ``dev.jsonl`` (when next to the checkout) and ``benchmarks/data``'s sets."""
+    shared = [
+        p / "shared" / "eval" / "dev.jsonl"
+        for p in (ROOT.parent, ROOT.parent.parent)
+        if (p / "shared" / "eval" / "dev.jsonl").is_file()
+    ]
+    found = [DATA / f"{name}.jsonl" for name in TRAINING_SETS if (DATA / f"{name}.jsonl").is_file()]
+    return shared[:1] + found
+
+
+@dataclass(frozen=True)
+class Captured:
+    """One labelled case as the rule saw it."""
+
+    case: dict[str, Any]
+    group: str
+    """The labelled set it came from (a fold of the cross-validation)."""
+    fact: str
+    evidence: tuple[Evidence, ...]
+    owners: dict[str, str]
+    """Store memory id -> the case's memory id."""
+
+
+class _Recorder:
+    """A judge that remembers what the rule saw and changes nothing."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[tuple[Evidence, ...], str]] = []
+
+    def policy(self, policy: Policy) -> Policy:
+        return policy
+
+    def amend(
+        self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
+    ) -> Verdict:
+        self.seen.append((tuple(evidence), fact))
+        return verdict
+
+
+def capture(gate: Any, sets: Sequence[tuple[str, list[dict[str, Any]]]]) -> list[Captured]:
+    """Stage and triage every case (dry run, review policy) through a copy of ``gate`` with a
+    recording judge; one set at a time (a store commit has a size limit)."""
+    from engine.gate.gate import Gate
+
+    out: list[Captured] = []
+    for name, cases in sets:
+        recorder = _Recorder()
+        g = Gate(gate.store, gate.index, gate.embedder, gate.nli, gate.settings, judge=recorder)
+        staged: Staged = stage(g, cases, prefix=f"judge-{len(out)}")
+        decide_cases(g, staged, REVIEW.name)
+        if len(recorder.seen) != len(cases):
+            raise InvalidInput(
+                f"{name}: {len(recorder.seen)} facts reached the rule of {len(cases)}"
+            )
+        for case, (evidence, fact) in zip(cases, recorder.seen, strict=True):
+            out.append(Captured(case, name, fact, evidence, staged.owners))
+    return out
+
+
+def _rows(
+    items: Sequence[Captured], floor: float
+) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
+    """Judged memory ids per case, and the stacked feature rows and labels."""
+    ids, xs, ys = [], [], []
+    for it in items:
+        chosen, x = features(it.evidence, it.fact, floor)
+        expected = it.case["expected"]
+        ids.append([e.memory_id for e in chosen])
+        xs.append(x)
+        ys += [
+            float(expected["action"] == "skip" and it.owners.get(e.memory_id) == expected["target"])
+            for e in chosen
+        ]
+    return ids, np.vstack(xs) if xs else np.zeros((0, 0)), np.asarray(ys)
+
+
+def _folds(items: Sequence[Captured]) -> list[list[int]]:
+    groups = list(dict.fromkeys(it.group for it in items))
+    if len(groups) >= 3:
+        return [[i for i, it in enumerate(items) if it.group == g] for g in groups]
+    return [list(range(k, len(items), 5)) for k in range(5)]
+
+
+def out_of_fold(
+    items: Sequence[Captured], settings: BoostSettings, floor: float, log: Callable[[str], None]
+) -> list[dict[str, float]]:
+    """Per case, memory id -> duplicate probability from trees fitted without its fold."""
+    ids, x, y = _rows(items, floor)
+    case_of = np.repeat(np.arange(len(items)), [len(i) for i in ids])
+    probs = np.zeros(len(y))
+    folds = _folds(items)
+    for n, fold in enumerate(folds, 1):
+        held = np.isin(case_of, fold)
+        if held.any() and (~held).any() and y[~held].any():
+            probs[held] = fit(x[~held], y[~held], settings).probability(x[held])
+        log(f"  fold {n}/{len(folds)}: {int(held.sum())} candidates scored")
+    out, k = [], 0
+    for memory_ids in ids:
+        out.append({m: float(probs[k + j]) for j, m in enumerate(memory_ids)})
+        k += len(memory_ids)
+    return out
+
+
+def _predictions(
+    items: Sequence[Captured], policy: Policy, judged: Sequence[dict[str, float]] | None
+) -> list[dict[str, Any]]:
+    preds = []
+    for n, it in enumerate(items):
+        v = rule(it.evidence, policy)
+        if judged is not None:
+            # the judge reads the candidates at or above this policy's floor
+            floor_ids = {e.memory_id for e in it.evidence if e.similarity >= policy.floor}
+            v = amended(v, {m: p for m, p in judged[n].items() if m in floor_ids}, policy)
+        target = it.owners.get(v.target_id) if v.target_id else None
+        preds.append(
+            {
+                "id": it.case["id"],
+                "action": v.action,
+                "target": target if v.action != "add" else None,
+            }
+        )
+    return preds
+
+
+def _figures(items: Sequence[Captured], preds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    m = finite(score([it.case for it in items], list(preds)))  # NaN (no skip at all): None
+    keys = (
+        "cases",
+        "wrongful_overwrites",
+        "update_recall",
+        "duplicate_precision",
+        "duplicate_recall",
+        "lost_information",
+        "accuracy",
+    )
+    return {k: m[k] for k in keys}
+
+
+def choose_bars(
+    items: Sequence[Captured], policy: Policy, judged: Sequence[dict[str, float]]
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The bars of :data:`BAR_GRID` with the most correct decisions over ``items`` (``policy``'s
+    rule amended with ``judged``) among those that lose no more information than the rule alone
+    (facts skipped that were new or updates: a stored duplicate can be noticed and removed, a
+    skipped fact is gone); ties to less lost information, then fewer changes. Returns the bars
+    and their figures."""
+    alone = _figures(items, _predictions(items, policy, None))
+    best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
+    for dup in BAR_GRID["duplicate_bar"]:
+        for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
+            pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
+            m = _figures(items, _predictions(items, pol, judged))
+            if m["lost_information"] > alone["lost_information"]:
+                continue
+            correct = round(m["accuracy"] * m["cases"])
+            key = (correct, -m["lost_information"], dup, -keep)
+            if best is None or key > best[0]:
+                best = (key, {"duplicate_bar": dup, "keep_bar": keep}, m)
+    if best is None:  # every bar loses more than the rule: the judge only reports
+        return {"duplicate_bar": 1.0, "keep_bar": 0.0}, alone
+    return best[1], best[2]
+
+
+@dataclass(frozen=True)
+class Fitted:
+    judge: Judge
+    rule_alone: dict[str, Any]
+    """Strict's figures by the rule alone over the training cases."""
+    with_judge: dict[str, Any]
+    """Strict's figures with the judge, cross-validated (out-of-fold probabilities)."""
+
+
+def fit_judge(
+    items: Sequence[Captured],
+    strict: Policy,
+    models: dict[str, Any],
+    sets: Sequence[dict[str, Any]],
+    settings: BoostSettings | None = None,
+    log: Callable[[str], None] = lambda line: None,
+) -> Fitted:
+    """Cross-validate, choose the bars, and fit on every case (steps 2-5 of the module)."""
+    settings = settings or BoostSettings()
+    floor = REVIEW.floor
+    log(f"cross-validating over {len({it.group for it in items})} sets ({len(items)} cases)")
+    judged = out_of_fold(items, settings, floor, log)
+    bars, with_judge = choose_bars(items, strict, judged)
+    alone = _figures(items, _predictions(items, strict, None))
+    _, x, y = _rows(items, floor)
+    if not y.any():
+        raise InvalidInput("the cases hold no duplicate (expected skip) to learn from")
+    trees = fit(x, y, settings)
+    provenance = {
+        "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sets": list(sets),
+        "rows": int(len(y)),
+        "duplicates": int(y.sum()),
+        "floor": floor,
+        "settings": settings.__dict__,
+        "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
+        "cross_validation": {
+            "folds": "leave one set out" if len({it.group for it in items}) >= 3 else "5 folds",
+            "strict_rule_alone": alone,
+            "strict_with_judge": with_judge,
+        },
+    }
+    judge = Judge(trees, bars["duplicate_bar"], bars["keep_bar"], models, provenance)
+    return Fitted(judge, alone, with_judge)
+
+
+def _up_to_date(
+    path: Path, models: dict[str, Any], sets: list[dict[str, Any]], settings: BoostSettings
+) -> bool:
+    """A valid judge file fitted with these models, on these sets, with these settings."""
+    from engine.errors import ModelError
+    from engine.gate.judge.store import load_judge
+
+    if not path.is_file():
+        return False
+    try:
+        judge = load_judge(path)
+    except ModelError:
+        return False
+    p = judge.provenance
+    return (
+        dict(judge.models) == models
+        and p.get("sets") == sets
+        and p.get("settings") == settings.__dict__
+        and p.get("bar_grid") == {k: list(v) for k, v in BAR_GRID.items()}
+    )
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _line(m: dict[str, Any]) -> str:
+    def f(x: Any, digits: int) -> str:
+        return "-" if x is None else f"{x:.{digits}f}"
+
+    return (
+        f"wrongful overwrites {m['wrongful_overwrites']}, update recall "
+        f"{f(m['update_recall'], 3)}, duplicates P/R {f(m['duplicate_precision'], 2)}/"
+        f"{f(m['duplicate_recall'], 2)}, lost information {m['lost_information']}, accuracy "
+        f"{f(m['accuracy'], 3)}"
+    )
+
+
+def command(args: Any, engine_settings: Any) -> int:
+    """Run ``memgate models judge``."""
+    from dataclasses import replace as dc_replace
+
+    from engine.app import open_engine
+    from engine.gate.gate import policy_for
+    from engine.gate.judge.store import judge_path, model_identity, save_judge
+
+    paths = [Path(p) for p in args.cases] if args.cases else default_sets()
+    if not paths:
+        raise InvalidInput("no labelled sets found: give --cases FILE.jsonl ...")
+    sets: list[tuple[str, list[dict[str, Any]]]] = []
+    described: list[dict[str, Any]] = []
+    for path in paths:
+        cases = load_cases(path)
+        if not is_labelled(cases):
+            raise InvalidInput(f"{path}: the judge needs labelled cases (category and expected)")
+        if path.stem in dict(sets):
+            raise InvalidInput(f"{path}: two sets named {path.stem}")
+        sets.append((path.stem, cases))
+        described.append({"name": path.stem, "sha256": _sha256(path), "cases": len(cases)})
+    log = (lambda line: print(line, flush=True)) if not args.quiet else (lambda line: None)
+    boost = BoostSettings(trees=args.trees)
+    start = time.perf_counter()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open_engine(
+            dc_replace(engine_settings, judge=False), db_path=Path(tmp) / "judge.db"
+        ) as eng,
+    ):
+        g = eng.gate
+        models = {"embedder": model_identity(g.embedder), "nli": model_identity(g.nli)}
+        log(
+            f"capturing {sum(len(c) for _, c in sets)} cases of {len(sets)} sets with "
+            f"{models['embedder']['name']}/{models['embedder']['variant']} + "
+            f"{models['nli']['name']}/{models['nli']['variant']}"
+        )
+        path = judge_path(engine_settings.cache_dir, models["embedder"], models["nli"])
+        if not args.force and _up_to_date(path, models, described, boost):
+            log(f"{path} is up to date (the same models, sets and settings): --force refits it")
+            return 0
+        items = capture(g, sets)
+        strict = dc_replace(policy_for("strict", g.nli, g.embedder), judge=True)
+    log(f"captured in {time.perf_counter() - start:.0f} s")
+    fitted = fit_judge(items, strict, models, described, boost, log)
+    save_judge(path, fitted.judge)
+    j = fitted.judge
+    log(f"strict, rule alone:            {_line(fitted.rule_alone)}")
+    log(f"strict, with the judge (CV):   {_line(fitted.with_judge)}")
+    log(f"bars: duplicate {j.duplicate_bar:.2f}, keep {j.keep_bar:.2f}")
+    log(f"wrote {path} in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        bars = {"duplicate": j.duplicate_bar, "keep": j.keep_bar}
+        print(json.dumps({"path": str(path), "bars": bars, **j.provenance}), file=sys.stdout)
+    return 0

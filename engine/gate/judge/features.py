@@ -1,0 +1,141 @@
+"""What the judge reads about one candidate: the rule's evidence and the two texts' claims.
+
+One row per judged candidate, the same at fit time and in the gate. Every feature is a general
+signal the gate already measures (similarity and its rank, the NLI model's contradiction, the
+attribute and subject evidence, the value and claim comparisons), or a plain comparison of the
+two parsed claims (how much of each one's wording and values the other holds, polarity, length).
+No word list; nothing from the labels.
+
+Judged candidates are the most similar ``JUDGED`` at or above the policy's floor: a duplicate
+is nearly always one of the closest memories (the closest for 95% of the duplicates of the ten
+read sets, the second for 5%), and these are the candidates the gate has already scored with
+the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.gate.claims import claim
+from engine.gate.claims.compare import coverage
+from engine.gate.policy import Evidence
+
+__all__ = ["FEATURES", "JUDGED", "features", "judged"]
+
+JUDGED = 3
+"""How many of the most similar candidates at or above the floor are judged."""
+
+FEATURES: tuple[str, ...] = (
+    "similarity",
+    "below_top",
+    "rank",
+    "above_next",
+    "contradiction_logit",
+    "contradiction_known",
+    "key_match",
+    "key_conflict",
+    "other_subject",
+    "other_instance",
+    "contained",
+    "partial",
+    "restated",
+    "value_change",
+    "new_values",
+    "beside",
+    "changes_kind",
+    "subject_shared",
+    "subject_disjoint",
+    "subject_apart",
+    "attribute",
+    "attribute_known",
+    "fact_words_in_memory",
+    "memory_words_in_fact",
+    "fact_values_in_memory",
+    "memory_values_in_fact",
+    "values_only_in_fact",
+    "values_only_in_memory",
+    "polarity_differs",
+    "length_ratio",
+    "shared_words",
+    "fact_has_values",
+    "memory_parts",
+)
+"""Column names of :func:`features`, in order. A fitted judge records them; a judge fitted on
+other columns is refused at load."""
+
+_EPS = 1e-4
+
+
+def _logit(p: float | None) -> float:
+    if p is None:
+        return 0.0
+    p = min(max(p, _EPS), 1 - _EPS)
+    return math.log(p / (1 - p))
+
+
+def judged(evidence: Sequence[Evidence], floor: float) -> list[Evidence]:
+    """The candidates the judge reads: the ``JUDGED`` most similar at or above ``floor``."""
+    ranked = sorted(evidence, key=lambda e: -e.similarity)
+    return [e for e in ranked[:JUDGED] if e.similarity >= floor]
+
+
+def _claims(memory: str, fact: str) -> list[float]:
+    m, f = claim(memory), claim(fact)
+    mw, fw = m.content | m.subject, f.content | f.subject
+    return [
+        coverage(fw, mw | m.lexicon),
+        coverage(mw, fw | f.lexicon),
+        float(bool(f.values) and f.values <= m.values),
+        float(bool(m.values) and m.values <= f.values),
+        float(len(f.values - m.values)),
+        float(len(m.values - f.values)),
+        float(m.negated != f.negated),
+        len(fact.split()) / max(1, len(memory.split())),
+        len(m.lexicon & f.lexicon) / max(1, len(m.lexicon | f.lexicon)),
+        float(bool(f.values)),
+        float(len(m.parts)),
+    ]
+
+
+def features(
+    evidence: Sequence[Evidence], fact: str, floor: float
+) -> tuple[list[Evidence], np.ndarray]:
+    """The judged candidates of one fact (most similar first) and their rows of
+    :data:`FEATURES`; ``evidence`` is every candidate the rule saw, ``fact`` the fact's text."""
+    ranked = sorted(evidence, key=lambda e: -e.similarity)
+    chosen = judged(ranked, floor)
+    rows = []
+    top = ranked[0].similarity if ranked else 0.0
+    for i, e in enumerate(chosen):
+        after = ranked[i + 1].similarity if i + 1 < len(ranked) else 0.0
+        rows.append(
+            [
+                e.similarity,
+                e.similarity - top,
+                float(i),
+                e.similarity - after,
+                _logit(e.contradiction),
+                float(e.contradiction is not None),
+                float(e.key_match),
+                float(e.key_conflict),
+                float(e.mismatch == "other_subject"),
+                float(e.mismatch == "other_instance"),
+                float(e.contained),
+                float(e.partial),
+                float(e.restated),
+                float(e.value_change),
+                float(e.new_values),
+                float(e.beside),
+                float(bool(e.changed_kinds)),
+                float(e.subject == "shared"),
+                float(e.subject == "disjoint"),
+                float(e.subject == "apart"),
+                0.0 if e.attribute is None else e.attribute,
+                float(e.attribute is not None),
+                *_claims(e.text, fact),
+            ]
+        )
+    return chosen, np.asarray(rows, dtype=np.float64).reshape(len(rows), len(FEATURES))

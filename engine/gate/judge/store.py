@@ -1,0 +1,123 @@
+"""The judge file: where a fitted judge lives in the cache, sealed, and how it is found again.
+
+``<cache_dir>/judges/<embedder>-<variant>+<nli>-<variant>.json``, one per pair of served
+models. The file seals itself like a model manifest (``judge_sha256``: the sha256 of its
+canonical JSON without the seal), so a hand edit of a bar or a tree is refused; it is written
+to a scratch file, fsynced and renamed into place. It names the graphs it was fitted with
+(each model file's sha256 from its manifest): after a rebuild of either model the judge no
+longer applies, and the gate decides by the rule alone until it is fitted again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ModelError
+from engine.fsutil import write_atomic
+from engine.gate.judge import FORMAT, Judge
+from engine.gate.judge.boost import Boost
+from engine.gate.judge.features import FEATURES
+from engine.pipeline.layout import check_name
+from engine.runtime.manifest import manifest_digest
+
+__all__ = [
+    "JUDGES_DIR",
+    "SEAL",
+    "find_judge",
+    "judge_path",
+    "load_judge",
+    "model_identity",
+    "save_judge",
+]
+
+JUDGES_DIR = "judges"
+SEAL = "judge_sha256"
+
+log = logging.getLogger("memgate.judge")
+
+
+def model_identity(model: Any) -> dict[str, Any]:
+    """Name, variant and graph sha256 of a loaded runtime (its manifest's record of the
+    model file); what a judge is bound to."""
+    m = model.manifest
+    return {
+        "name": m.name,
+        "variant": m.variant,
+        "model_sha256": (m.files.get(m.model_file) or {}).get("sha256"),
+    }
+
+
+def judge_path(cache_dir: Path, embedder: dict[str, Any], nli: dict[str, Any]) -> Path:
+    """Where the judge of these two models (:func:`model_identity`) lives."""
+    parts = [
+        check_name(str(m[k]), "model name") for m in (embedder, nli) for k in ("name", "variant")
+    ]
+    return Path(cache_dir) / JUDGES_DIR / f"{parts[0]}-{parts[1]}+{parts[2]}-{parts[3]}.json"
+
+
+def save_judge(path: Path, judge: Judge) -> Path:
+    body: dict[str, Any] = {
+        "format": FORMAT,
+        "features": list(FEATURES),
+        "duplicate_bar": judge.duplicate_bar,
+        "keep_bar": judge.keep_bar,
+        "models": dict(judge.models),
+        "provenance": dict(judge.provenance),
+        "trees": judge.trees.to_dict(),
+    }
+    body[SEAL] = manifest_digest({k: v for k, v in body.items() if k != SEAL})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(body, sort_keys=True, allow_nan=False) + "\n", mode=0o644)
+    load_judge(path)  # what we wrote must pass our own check
+    return path
+
+
+def load_judge(path: Path) -> Judge:
+    """Read and verify a judge file; any problem is a :class:`ModelError` naming it."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"judge {path}: unreadable ({exc})") from None
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        raise ModelError(f"judge {path}: not a {FORMAT} file")
+    if body.get(SEAL) != manifest_digest({k: v for k, v in body.items() if k != SEAL}):
+        raise ModelError(f"judge {path}: its seal does not match its contents (edited?)")
+    if body.get("features") != list(FEATURES):
+        raise ModelError(
+            f"judge {path}: fitted on other features than this engine computes; fit it again "
+            "with `memgate models judge`"
+        )
+    try:
+        return Judge(
+            Boost.from_dict(body["trees"]),
+            duplicate_bar=float(body["duplicate_bar"]),
+            keep_bar=float(body["keep_bar"]),
+            models=body.get("models") or {},
+            provenance=body.get("provenance") or {},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"judge {path}: malformed ({exc})") from None
+
+
+def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
+    """The judge fitted for these loaded runtimes, or None (with a warning when a judge file
+    exists for their names but was fitted with other graphs). A tampered or malformed file is
+    a :class:`ModelError`, as a tampered model is."""
+    emb, cls = model_identity(embedder), model_identity(nli)
+    path = judge_path(cache_dir, emb, cls)
+    if not path.is_file():
+        log.info("no duplicate judge at %s: the rule decides alone", path)
+        return None
+    judge = load_judge(path)
+    fitted = (judge.models.get("embedder"), judge.models.get("nli"))
+    if fitted != (emb, cls):
+        log.warning(
+            "duplicate judge %s was fitted with other model graphs (rebuilt since?): not used; "
+            "fit it again with `memgate models judge`",
+            path,
+        )
+        return None
+    return judge

@@ -1,0 +1,243 @@
+"""The duplicate judge: its boosted trees, its features, what it may change, and its file.
+
+Pure logic and spaCy's parse; no model file (the judge is fitted here on synthetic rows)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from engine.errors import ModelError
+from engine.gate.judge import Judge, amended
+from engine.gate.judge.boost import Boost, BoostSettings, fit
+from engine.gate.judge.features import FEATURES, JUDGED, features, judged
+from engine.gate.judge.store import find_judge, judge_path, load_judge, save_judge
+from engine.gate.policy import REVIEW, STRICT, Evidence, decide
+
+SMALL = BoostSettings(trees=30, max_leaves=4, min_leaf=5)
+
+
+# -- boosting -------------------------------------------------------------------------------------
+def _xor(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, size=(n, 3))
+    y = ((x[:, 0] > 0) ^ (x[:, 1] > 0)).astype(float)  # an interaction no linear model fits
+    return x, y
+
+
+def test_boosting_learns_an_interaction_and_generalises() -> None:
+    x, y = _xor(600)
+    model = fit(x, y, BoostSettings(trees=60, max_leaves=4, min_leaf=5, learning_rate=0.3))
+    xt, yt = _xor(400, seed=1)
+    accuracy = ((model.probability(xt) > 0.5) == (yt > 0.5)).mean()
+    assert accuracy > 0.9
+    # the base rate alone (a constant) would be right about half the time
+    assert abs(yt.mean() - 0.5) < 0.1
+
+
+def test_boosting_is_deterministic_and_round_trips_through_json() -> None:
+    x, y = _xor(300)
+    a, b = fit(x, y, SMALL), fit(x, y, SMALL)
+    assert np.array_equal(a.margin(x), b.margin(x))
+    back = Boost.from_dict(json.loads(json.dumps(a.to_dict())))
+    assert np.array_equal(back.margin(x), a.margin(x))
+
+
+def test_a_split_sends_values_at_the_threshold_left() -> None:
+    x = np.array([[0.0], [1.0]] * 30)
+    y = np.array([0.0, 1.0] * 30)
+    model = fit(x, y, BoostSettings(trees=5, max_leaves=2, min_leaf=1, learning_rate=1.0))
+    t = float(model.threshold[model.roots[0]])
+    assert 0.0 < t < 1.0
+    low, high = model.probability(np.array([[t], [np.nextafter(t, 2.0)]]))
+    assert low < 0.5 < high
+
+
+def test_boosting_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="labels"):
+        fit(np.zeros((4, 2)), np.array([0, 1, 2, 1]))
+    with pytest.raises(ValueError, match="finite"):
+        fit(np.array([[np.nan], [1.0]]), np.array([0, 1]))
+    with pytest.raises(ValueError, match="non-empty"):
+        fit(np.zeros((0, 2)), np.zeros(0))
+    model = fit(*_xor(100), SMALL)
+    with pytest.raises(ValueError, match="3 features"):
+        model.margin(np.zeros((2, 4)))
+
+
+def test_malformed_trees_are_refused() -> None:
+    d = fit(*_xor(100), SMALL).to_dict()
+    inner = next(i for i, f in enumerate(d["feature"]) if f >= 0)
+    cyclic = {**d, "left": [i if i == inner else v for i, v in enumerate(d["left"])]}
+    with pytest.raises(ValueError, match="malformed"):
+        Boost.from_dict(cyclic)
+    with pytest.raises(ValueError, match="unequal"):
+        Boost.from_dict({**d, "value": d["value"][:-1]})
+    with pytest.raises(ValueError, match="malformed"):
+        Boost.from_dict({**d, "feature": [5 if f >= 0 else f for f in d["feature"]]})
+
+
+# -- features --------------------------------------------------------------------------------------
+def ev(mid: str, sim: float, contra: float | None = 0.1, text: str = "", **kw: object) -> Evidence:
+    return Evidence(mid, text or f"memory {mid}", sim, contra, **kw)  # type: ignore[arg-type]
+
+
+def test_the_closest_candidates_at_or_above_the_floor_are_judged() -> None:
+    evs = [ev("a", 0.50), ev("b", 0.95), ev("c", 0.70), ev("d", 0.65), ev("e", 0.61)]
+    assert [e.memory_id for e in judged(evs, 0.60)] == ["b", "c", "d"][:JUDGED]
+    assert [e.memory_id for e in judged(evs, 0.68)] == ["b", "c"]
+    assert judged([ev("a", 0.3)], 0.45) == []
+
+
+def test_feature_rows_follow_the_named_columns() -> None:
+    fact = "Dana's flat is in Leith."
+    evs = [
+        ev("m1", 0.92, 0.02, "Dana lives in a flat in Leith.", subject="shared", attribute=0.8),
+        ev("m2", 0.70, 0.99, "Dana works in Glasgow.", key_match=True),
+        ev("m3", 0.40, None, "Dana likes tea."),
+    ]
+    chosen, rows = features(evs, fact, 0.45)
+    assert [e.memory_id for e in chosen] == ["m1", "m2"]
+    assert rows.shape == (2, len(FEATURES))
+    col = {name: rows[:, i] for i, name in enumerate(FEATURES)}
+    assert col["rank"].tolist() == [0.0, 1.0]
+    assert col["below_top"][0] == 0.0 and col["below_top"][1] == pytest.approx(-0.22)
+    assert col["above_next"][1] == pytest.approx(0.30)
+    assert col["contradiction_logit"][0] < 0 < col["contradiction_logit"][1]
+    assert col["key_match"].tolist() == [0.0, 1.0]
+    assert col["subject_shared"].tolist() == [1.0, 0.0]
+    assert col["attribute"][0] == pytest.approx(0.8) and col["attribute_known"][1] == 0.0
+    # "Dana's flat is in Leith" is worded by "Dana lives in a flat in Leith", not by the job
+    assert col["fact_words_in_memory"][0] > col["fact_words_in_memory"][1]
+    assert np.isfinite(rows).all()
+
+
+def test_an_unscored_candidate_reads_as_unknown_not_as_compatible() -> None:
+    _, rows = features([ev("m1", 0.9, None, "Dana likes tea.")], "Dana likes tea.", 0.45)
+    col = dict(zip(FEATURES, rows[0], strict=True))
+    assert col["contradiction_known"] == 0.0 and col["contradiction_logit"] == 0.0
+
+
+# -- what the judge may change ---------------------------------------------------------------------
+def _verdict(evs: list[Evidence], policy=STRICT):  # type: ignore[no-untyped-def]
+    return decide(evs, policy)
+
+
+def test_a_fact_the_rule_adds_is_skipped_when_the_judge_calls_it_a_duplicate() -> None:
+    evs = [ev("m1", 0.82, 0.05), ev("m2", 0.70, 0.02)]
+    v = _verdict(evs)
+    assert v.action == "add"
+    out = amended(v, {"m1": 0.40, "m2": 0.91}, STRICT)
+    assert (out.action, out.target_id, out.rule) == ("skip", "m2", "judged_duplicate")
+    cands = {c.memory_id: c for c in out.candidates}
+    assert cands["m2"].reason == "judged_duplicate:0.91" and cands["m2"].duplicate == 0.91
+    assert cands["m1"].duplicate == 0.40 and cands["m1"].reason == v.candidates[0].reason
+    # under the bar nothing changes but the reported probabilities
+    kept = amended(v, {"m1": 0.40, "m2": 0.79}, STRICT)
+    assert (kept.action, kept.target_id, kept.rule) == ("add", None, v.rule)
+
+
+def test_a_rule_skip_the_judge_finds_new_is_stored() -> None:
+    evs = [ev("m1", 0.97, 0.01)]
+    v = _verdict(evs)
+    assert (v.action, v.rule) == ("skip", "duplicate")
+    out = amended(v, {"m1": 0.03}, STRICT)
+    assert (out.action, out.target_id, out.rule) == ("add", None, "judged_new")
+    assert out.candidates[0].reason == "judged_new:0.03"
+    assert amended(v, {"m1": 0.5}, STRICT).action == "skip"
+
+
+def test_the_judge_never_touches_a_replace_or_a_review() -> None:
+    evs = [ev("m1", 0.80, 0.99, reverse_contradiction=0.99, subject="shared", attribute=0.9)]
+    replace_v = _verdict(evs)
+    assert replace_v.action == "replace"
+    assert amended(replace_v, {"m1": 0.99}, STRICT) is replace_v
+    review_v = _verdict(evs, REVIEW)
+    assert review_v.action == "review"
+    assert amended(review_v, {"m1": 0.99}, REVIEW) is review_v
+
+
+def test_the_judge_is_off_when_the_policy_says_so() -> None:
+    v = _verdict([ev("m1", 0.82, 0.05)])
+    off = replace(STRICT, judge=False)
+    assert amended(v, {"m1": 0.99}, off) is v
+
+
+def _tiny_judge(bar: float = 0.5) -> Judge:
+    # column 0 is the similarity: the trees call a candidate a duplicate from 0.85 up
+    x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.5, 1.0, 60)])
+    y = (x[:, 0] >= 0.85).astype(float)
+    trees = fit(x, y, BoostSettings(trees=20, max_leaves=2, min_leaf=3, learning_rate=0.5))
+    models = {"embedder": {"name": "e", "variant": "v", "model_sha256": "1"}, "nli": {}}
+    return Judge(trees, bar, 0.05, models, {"note": "synthetic"})
+
+
+def test_a_fitted_judge_amends_through_its_own_features() -> None:
+    judge = _tiny_judge()
+    near = ev("m1", 0.88, 0.1, "Dana lives in Leith.")
+    far = ev("m2", 0.75, 0.1, "Dana works in Glasgow.")
+    v = decide([near, far], STRICT)
+    assert v.action == "add"
+    pol = judge.policy(STRICT)
+    assert (pol.judge_duplicate, pol.judge_keep) == (0.5, 0.05)
+    out = judge.amend(v, [near, far], "Dana's home is in Leith.", pol)
+    assert (out.action, out.target_id) == ("skip", "m1")
+    assert {c.memory_id: c.duplicate is not None for c in out.candidates} == {
+        "m1": True,
+        "m2": True,
+    }
+
+
+# -- the judge file --------------------------------------------------------------------------------
+def _runtime(name: str, variant: str, sha: str) -> SimpleNamespace:
+    manifest = SimpleNamespace(
+        name=name, variant=variant, model_file="model.onnx", files={"model.onnx": {"sha256": sha}}
+    )
+    return SimpleNamespace(manifest=manifest)
+
+
+def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path: Path) -> None:
+    emb, nli = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
+    models = {
+        "embedder": {"name": "minilm", "variant": "fp32", "model_sha256": "aa"},
+        "nli": {"name": "aegis-nli", "variant": "int8", "model_sha256": "bb"},
+    }
+    judge = replace(_tiny_judge(0.7), models=models)
+    path = judge_path(tmp_path, models["embedder"], models["nli"])
+    assert path == tmp_path / "judges" / "minilm-fp32+aegis-nli-int8.json"
+    save_judge(path, judge)
+    back = find_judge(tmp_path, emb, nli)
+    assert back is not None and back.duplicate_bar == 0.7 and back.models == models
+    x = np.random.default_rng(0).uniform(size=(5, len(FEATURES)))
+    assert np.array_equal(back.probabilities(x), judge.probabilities(x))
+    # another graph of the same names: the judge does not apply to it
+    assert find_judge(tmp_path, emb, _runtime("aegis-nli", "int8", "cc")) is None
+    # no judge for other models at all
+    assert find_judge(tmp_path, emb, _runtime("nli-deberta-v3-small", "int8", "dd")) is None
+
+
+def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
+    path = save_judge(tmp_path / "j.json", _tiny_judge())
+    body = json.loads(path.read_text())
+    body["duplicate_bar"] = 0.1
+    path.write_text(json.dumps(body))
+    with pytest.raises(ModelError, match="seal"):
+        load_judge(path)
+    path.write_text("{not json")
+    with pytest.raises(ModelError, match="unreadable"):
+        load_judge(path)
+    path.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ModelError, match="not a memgate-judge"):
+        load_judge(path)
+    from engine.runtime.manifest import manifest_digest
+
+    other = {**body, "duplicate_bar": 0.8, "features": ["similarity"]}
+    other["judge_sha256"] = manifest_digest({k: v for k, v in other.items() if k != "judge_sha256"})
+    path.write_text(json.dumps(other))
+    with pytest.raises(ModelError, match="other features"):
+        load_judge(path)
