@@ -71,12 +71,14 @@ SEED = {
 }
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "strict": ("strict", {}),
+    "strict -judge": ("strict", {"judge": False}),
     "strict -normalize": ("strict", {"normalize": False}),
     "strict -keys": ("strict", {"keys": False}),
     "strict -lexical": ("strict", {"lexical": False}),
     "strict -normalize -keys": ("strict", {"normalize": False, "keys": False}),
     "strict seed rules": ("strict", SEED),
     "review": ("review", {}),
+    "review -judge": ("review", {"judge": False}),
     "review scope=all": ("review", {"review_scope": "all"}),
     "review seed rules": ("review", {**SEED, "review_scope": "all"}),
 }
@@ -179,7 +181,7 @@ def main() -> int:
     )
     from engine.evaluate import decide_cases, is_labelled, load_cases, reach, stage
     from engine.gate.gate import Gate
-    from engine.gate.policy import policy_by_name
+    from engine.gate.judge.store import find_judge
     from engine.index import IndexManager
     from engine.runtime.loader import ModelChoice, load_models
     from engine.runtime.session import SessionSettings
@@ -239,13 +241,20 @@ def main() -> int:
                 SessionSettings(intra_op_threads=args.threads),
             )
             model = nli.manifest.describe()
-            print(f"NLI: {model}", flush=True)
+            judge = find_judge(args.cache_dir, embedder, nli)
+            print(
+                f"NLI: {model}; {judge.describe() if judge else 'no duplicate judge'}", flush=True
+            )
             store = SQLiteStore(Path(tmp) / f"q-{len(results)}.db")
-            gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
+            gate = Gate(
+                store, IndexManager(store.iter_active_embeddings), embedder, nli, judge=judge
+            )
             staged = {n: stage(gate, data[n], prefix=f"set{i}") for i, (n, _) in enumerate(sets)}
             for config in args.configs:
                 policy_name, overrides = CONFIGS[config]
-                policy = policy_by_name(policy_name).with_overrides(overrides)
+                policy = gate.policy(
+                    policy_name, overrides
+                )  # the models' settings, the judge's bars
                 for set_name, _ in sets:
                     t0 = time.perf_counter()
                     rows = decide_cases(gate, staged[set_name], policy)
@@ -262,9 +271,11 @@ def main() -> int:
                         flush=True,
                     )
             for policy_name in fits:
-                base = policy_by_name(policy_name)
+                base = gate.policy(policy_name)
                 grid = parse_grid([], base)
-                memo = Gate(gate.store, gate.index, MemoEmbedder(embedder), MemoNLI(nli))
+                memo = Gate(
+                    gate.store, gate.index, MemoEmbedder(embedder), MemoNLI(nli), judge=judge
+                )
                 t0 = time.perf_counter()
                 swept = sweep(memo, data[first], base, grid)
                 goal = objective_for(base)

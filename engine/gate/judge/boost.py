@@ -177,28 +177,32 @@ def fit(x: np.ndarray, y: np.ndarray, settings: BoostSettings | None = None) -> 
 def _best_split(
     binned: np.ndarray, rows: np.ndarray, g: np.ndarray, h: np.ndarray, s: BoostSettings
 ) -> tuple[float, int, int]:
-    """(gain, feature, bin) of the best split of ``rows``; gain 0 when none is allowed."""
+    """(gain, feature, bin) of the best split of ``rows``; gain 0 when none is allowed. One
+    histogram of every feature at once: bin ``b`` of feature ``j`` is cell ``j * width + b``."""
     gs, hs, n = g[rows].sum(), h[rows].sum(), len(rows)
-    parent = gs * gs / (hs + s.l2)
     best = (0.0, -1, -1)
     if n < 2 * s.min_leaf:
         return best
-    for j in range(binned.shape[1]):
-        b = binned[rows, j]
-        nb = int(b.max()) + 1
-        if nb < 2:
-            continue
-        cg = np.cumsum(np.bincount(b, weights=g[rows], minlength=nb))[:-1]
-        ch = np.cumsum(np.bincount(b, weights=h[rows], minlength=nb))[:-1]
-        cn = np.cumsum(np.bincount(b, minlength=nb))[:-1]
-        ok = (cn >= s.min_leaf) & (n - cn >= s.min_leaf)
-        if not ok.any():
-            continue
-        gain = cg**2 / (ch + s.l2) + (gs - cg) ** 2 / (hs - ch + s.l2) - parent
-        gain = np.where(ok, gain, -np.inf)
-        k = int(np.argmax(gain))
-        if gain[k] > best[0] + 1e-12:
-            best = (float(gain[k]), j, k)
+    width = s.bins + 1
+    features = binned.shape[1]
+    cells = (binned[rows] + np.arange(features) * width).ravel()
+    size = features * width
+    hist_g = np.bincount(cells, weights=np.repeat(g[rows], features), minlength=size)
+    hist_h = np.bincount(cells, weights=np.repeat(h[rows], features), minlength=size)
+    hist_n = np.bincount(cells, minlength=size)
+    # left side of a split after bin k: cumulative sums within each feature's row of bins
+    cg = hist_g.reshape(features, width).cumsum(axis=1)[:, :-1]
+    ch = hist_h.reshape(features, width).cumsum(axis=1)[:, :-1]
+    cn = hist_n.reshape(features, width).cumsum(axis=1)[:, :-1]
+    ok = (cn >= s.min_leaf) & (n - cn >= s.min_leaf)
+    if not ok.any():
+        return best
+    parent = gs * gs / (hs + s.l2)
+    gain = cg**2 / (ch + s.l2) + (gs - cg) ** 2 / (hs - ch + s.l2) - parent
+    gain = np.where(ok, gain, -np.inf)
+    j, k = np.unravel_index(int(np.argmax(gain)), gain.shape)  # first of equals: lowest j, k
+    if gain[j, k] > 1e-12:
+        best = (float(gain[j, k]), int(j), int(k))
     return best
 
 
