@@ -356,15 +356,15 @@ def command(args: Any, engine_settings: Any) -> int:
     ):
         g = eng.gate
         models = {"embedder": model_identity(g.embedder), "nli": model_identity(g.nli)}
+        path = judge_path(engine_settings.cache_dir, models["embedder"], models["nli"])
+        if not args.force and _up_to_date(path, models, described, boost):
+            log(f"{path} is up to date (the same models, sets and settings): --force refits it")
+            return 0
         log(
             f"capturing {sum(len(c) for _, c in sets)} cases of {len(sets)} sets with "
             f"{models['embedder']['name']}/{models['embedder']['variant']} + "
             f"{models['nli']['name']}/{models['nli']['variant']}"
         )
-        path = judge_path(engine_settings.cache_dir, models["embedder"], models["nli"])
-        if not args.force and _up_to_date(path, models, described, boost):
-            log(f"{path} is up to date (the same models, sets and settings): --force refits it")
-            return 0
         items = capture(g, sets)
         strict = dc_replace(policy_for("strict", g.nli, g.embedder), judge=True)
     log(f"captured in {time.perf_counter() - start:.0f} s")

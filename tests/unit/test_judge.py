@@ -87,11 +87,13 @@ def ev(mid: str, sim: float, contra: float | None = 0.1, text: str = "", **kw: o
     return Evidence(mid, text or f"memory {mid}", sim, contra, **kw)  # type: ignore[arg-type]
 
 
-def test_the_closest_candidates_at_or_above_the_floor_are_judged() -> None:
+def test_the_closest_candidates_at_or_above_the_floor_are_judged_siblings_aside() -> None:
     evs = [ev("a", 0.50), ev("b", 0.95), ev("c", 0.70), ev("d", 0.65), ev("e", 0.61)]
     assert [e.memory_id for e in judged(evs, 0.60)] == ["b", "c", "d"][:JUDGED]
     assert [e.memory_id for e in judged(evs, 0.68)] == ["b", "c"]
     assert judged([ev("a", 0.3)], 0.45) == []
+    sibling = [ev("b", 0.95, key_conflict=True), ev("c", 0.70), ev("d", 0.65), ev("e", 0.61)]
+    assert [e.memory_id for e in judged(sibling, 0.60)] == ["c", "d"]
 
 
 def test_feature_rows_follow_the_named_columns() -> None:
@@ -241,3 +243,19 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(other))
     with pytest.raises(ModelError, match="other features"):
         load_judge(path)
+
+
+def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
+    x, y = _xor(400)
+    model = fit(x, y, BoostSettings(trees=25, max_leaves=9, min_leaf=3))
+    probe = np.random.default_rng(3).uniform(-1.5, 1.5, size=(60, 3))
+    expected = np.full(len(probe), model.base)
+    for r, row in enumerate(probe):
+        for root in model.roots:
+            n = int(root)
+            while model.feature[n] >= 0:
+                go_left = row[model.feature[n]] <= model.threshold[n]
+                n = int(model.left[n] if go_left else model.right[n])
+            expected[r] += model.value[n]
+    assert model.depth >= 2
+    assert np.allclose(model.margin(probe), expected, atol=1e-12)

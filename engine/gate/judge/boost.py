@@ -13,6 +13,7 @@ artefact stores it as JSON and the gate scores with a vectorised walk down every
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -61,26 +62,33 @@ class Boost:
     n_features: int
 
     def margin(self, x: np.ndarray) -> np.ndarray:
-        """Log-odds per row of ``x`` (rows x ``n_features``)."""
+        """Log-odds per row of ``x`` (rows x ``n_features``): every row down every tree at
+        once, one level per step (a few hundred microseconds for a fact's candidates)."""
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"expected rows of {self.n_features} features, got {x.shape}")
         out = np.full(len(x), self.base)
         if not len(x):
             return out
-        rows = np.arange(len(x))
-        for root in self.roots:
-            node = np.full(len(x), root)
-            while True:
-                f = self.feature[node]
-                inner = f >= 0
-                if not inner.any():
-                    break
-                i = node[inner]
-                go_left = x[rows[inner], f[inner]] <= self.threshold[i]
-                node[inner] = np.where(go_left, self.left[i], self.right[i])
-            out += self.value[node]
-        return out
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
+        rows = np.arange(len(x))[:, None]
+        for _ in range(self.depth):
+            f = self.feature[node]
+            inner = f >= 0
+            if not inner.any():
+                break
+            go_left = x[rows, np.where(inner, f, 0)] <= self.threshold[node]
+            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
+        return out + self.value[node].sum(axis=1)
+
+    @cached_property
+    def depth(self) -> int:
+        """Splits on the longest path from a root to a leaf."""
+        deepest = np.zeros(len(self.feature), dtype=np.int64)
+        for i in range(len(self.feature) - 1, -1, -1):  # children come after their parent
+            if self.feature[i] >= 0:
+                deepest[i] = 1 + max(deepest[self.left[i]], deepest[self.right[i]])
+        return int(deepest[self.roots].max()) if len(self.roots) else 0
 
     def probability(self, x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-self.margin(x)))

@@ -1,0 +1,131 @@
+"""What the duplicate judge costs a fact, in one process: the gate with it and without it.
+
+The same store, models and facts for both arms (bench_gate's corpus, one namespace of N
+memories, M facts in batches of 100, strict, dry run), interleaved rounds, the gate's memo
+caches cleared before each pass (so both arms pay the parser). The judge is the one fitted for
+the served models (``memgate models judge``); its features need the claims of the judged
+candidates and one walk down its trees per fact, both inside the ``decide`` phase.
+
+    python benchmarks/bench_judge.py --cache-dir $MEMGATE_HOME                 # N = 1,000
+    python benchmarks/bench_judge.py --sizes 1000,10000 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from benchmarks import _common as common  # noqa: E402
+
+ARMS = ("rule alone", "rule + judge")
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from bench_gate import memgate_pass, one_namespace
+    from bench_gate_cost import clear_gate_caches
+
+    from engine.gate.gate import Gate
+    from engine.gate.judge.store import find_judge
+    from engine.runtime.loader import ModelChoice, load_models
+    from engine.runtime.session import SessionSettings
+
+    session = SessionSettings(intra_op_threads=args.threads)
+    choice = ModelChoice(embedder_variant="fp32", nli="aegis-nli")
+    embedder, scorer = load_models(args.cache_dir, choice, session)
+    embedder.warmup()
+    scorer.warmup()
+    judge = find_judge(args.cache_dir, embedder, scorer)
+    if judge is None:
+        raise SystemExit(
+            f"no duplicate judge for these models in {args.cache_dir}: run "
+            "`memgate models judge` first"
+        )
+    corpus = common.Corpus(args.seed)
+    rows = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        with one_namespace(embedder, scorer, corpus, n, args.facts) as (store, index, facts):
+            gates = {
+                "rule alone": Gate(store, index, embedder, scorer),
+                "rule + judge": Gate(store, index, embedder, scorer, judge=judge),
+            }
+            memgate_pass(gates["rule alone"], facts, args.batch)  # indexes loaded, models warm
+            per_fact: dict[str, list[float]] = {a: [] for a in ARMS}
+            decide: dict[str, list[float]] = {a: [] for a in ARMS}
+            actions: dict[str, Any] = {}
+            for r, order in common.interleaved(list(ARMS), args.rounds):
+                for arm in order:
+                    clear_gate_caches()
+                    p = memgate_pass(gates[arm], facts, args.batch)
+                    per_fact[arm].append(1000 * p.seconds / p.facts)
+                    decide[arm].append(1000 * p.phases.get("decide", 0.0) / p.facts)
+                    actions.setdefault(arm, dict(sorted(p.actions.items())))
+                    print(
+                        f"  N = {n:,} round {r + 1} {arm}: {per_fact[arm][-1]:.1f} ms/fact, "
+                        f"decide {decide[arm][-1]:.2f}",
+                        flush=True,
+                    )
+            rows.append(
+                {
+                    "memories": n,
+                    "facts": len(facts),
+                    "ms_per_fact": {a: float(np.median(v)) for a, v in per_fact.items()},
+                    "decide_ms_per_fact": {a: float(np.median(v)) for a, v in decide.items()},
+                    "rounds_ms_per_fact": per_fact,
+                    **common.ratio_stats(per_fact["rule + judge"], per_fact["rule alone"], "cost"),
+                    "actions": actions,
+                }
+            )
+    return rows
+
+
+def draw(plt: Any, rows: list[dict[str, Any]]) -> Any:
+    return common.paired_bars(
+        plt,
+        rows,
+        ARMS,
+        lambda r, arm: r["ms_per_fact"][arm],
+        ylabel="ms per fact, caches cleared (median of rounds)",
+        title="Gate time per fact: the rule alone and with the duplicate judge",
+        label="{}",
+    )
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    skips = {a: r["actions"][a].get("skip", 0) for a in ARMS}
+    return [
+        f"{r['memories']:,}",
+        f"{r['ms_per_fact']['rule alone']:.1f}",
+        f"{r['ms_per_fact']['rule + judge']:.1f}",
+        f"{r['decide_ms_per_fact']['rule alone']:.2f} / "
+        f"{r['decide_ms_per_fact']['rule + judge']:.2f}",
+        f"{r['cost']:.2f}x [{r['cost_min']:.2f}-{r['cost_max']:.2f}]",
+        f"{skips['rule alone']} / {skips['rule + judge']}",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return common.ab_main(
+        "bench_judge",
+        __doc__ or "",
+        argv,
+        measure,
+        smoke=("200", 20, 1),
+        headers=["N", "rule ms/fact", "+judge ms/fact", "decide r / +j", "cost", "skips r / +j"],
+        cells=cells,
+        title=lambda payload, args: (
+            f"{payload['machine']['cpu']}, {args.threads} threads, aegis int8"
+        ),
+        draw=draw,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
