@@ -56,6 +56,9 @@ HELDOUT_SETS = {
     "heldout-7": DATA / "heldout7.jsonl",
     "heldout-8": DATA / "heldout8.jsonl",
     "heldout-9": DATA / "heldout9.jsonl",
+    "heldout-10": DATA / "heldout10.jsonl",
+    "heldout-11": DATA / "heldout11.jsonl",
+    "heldout-12": DATA / "heldout12.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

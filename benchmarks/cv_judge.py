@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.app import EngineSettings, open_engine
     from engine.evaluate import load_cases
-    from engine.fit_judge import _figures, _predictions, capture, choose_bars, default_sets
+    from engine.fit_judge import capture, choose_bars, default_sets, figures, replay
     from engine.fit_judge import out_of_fold as oof
     from engine.gate.gate import policy_for
     from engine.gate.judge.boost import BoostSettings
@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         its, js = [items[i] for i in held], [judged[i] for i in held]
         rec: dict[str, Any] = {"set": name, "bars": bars}
         for arm, jj in (("alone", None), ("judge", js)):
-            preds = _predictions(its, pol, jj)
-            rpreds = _predictions(its, review, jj)
+            preds = replay(its, pol, jj)
+            rpreds = replay(its, review, jj)
             rec[arm] = {
-                "strict": _figures(its, preds),
+                "strict": figures(its, preds),
                 "review": {
-                    **_figures(its, rpreds),
+                    **figures(its, rpreds),
                     **review_measures([i.case for i in its], rpreds),
                 },
                 "predictions": preds,
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{j['accuracy']:.3f}",
             ]
         )
-    all_a = _figures(items, totals["alone"])
-    all_j = _figures(items, totals["judge"])
+    all_a = figures(items, totals["alone"])
+    all_j = figures(items, totals["judge"])
     rows.append(
         [
             "all",

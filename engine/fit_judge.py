@@ -22,8 +22,9 @@
    (:mod:`engine.gate.judge.store`).
 
 Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
-heldout, heldout2 ... heldout9 and the shared ``dev.jsonl`` next to the checkout when present.
-heldout10 is never among them: it is the held-out measuring stick.
+heldout, heldout2 ... heldout10 and the shared ``dev.jsonl`` next to the checkout when present.
+heldout11 and heldout12 are never among them, nor accepted by ``--cases``: they are the held-out
+measuring sticks.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.calibrate import finite
+from engine.calibrate import finite, sha256_of
 from engine.errors import InvalidInput
 from engine.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
 from engine.gate.judge import Judge, amended
@@ -57,16 +58,18 @@ __all__ = [
     "choose_bars",
     "command",
     "default_sets",
+    "figures",
     "fit_judge",
     "out_of_fold",
+    "replay",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
-TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 10)))
+TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 11)))
 """The checkout's labelled sets a judge is fitted on by default (``benchmarks/data``)."""
-HELD_OUT = ("heldout10",)
-"""Sets never fitted on by default: the measuring stick of the gate."""
+HELD_OUT = ("heldout11", "heldout12")
+"""Sets never fitted on: the gate's measuring sticks (``benchmarks/data/README.md``)."""
 
 BAR_GRID: dict[str, tuple[float, ...]] = {
     "duplicate_bar": tuple(round(0.3 + 0.05 * i, 2) for i in range(14)),
@@ -178,7 +181,7 @@ def out_of_fold(
     return out
 
 
-def _predictions(
+def replay(
     items: Sequence[Captured], policy: Policy, judged: Sequence[dict[str, float]] | None
 ) -> list[dict[str, Any]]:
     preds = []
@@ -199,7 +202,7 @@ def _predictions(
     return preds
 
 
-def _figures(items: Sequence[Captured], preds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def figures(items: Sequence[Captured], preds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     m = finite(score([it.case for it in items], list(preds)))  # NaN (no skip at all): None
     keys = (
         "cases",
@@ -221,12 +224,12 @@ def choose_bars(
     (facts skipped that were new or updates: a stored duplicate can be noticed and removed, a
     skipped fact is gone); ties to less lost information, then fewer changes. Returns the bars
     and their figures."""
-    alone = _figures(items, _predictions(items, policy, None))
+    alone = figures(items, replay(items, policy, None))
     best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
     for dup in BAR_GRID["duplicate_bar"]:
         for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
             pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
-            m = _figures(items, _predictions(items, pol, judged))
+            m = figures(items, replay(items, pol, judged))
             if m["lost_information"] > alone["lost_information"]:
                 continue
             correct = round(m["accuracy"] * m["cases"])
@@ -261,7 +264,7 @@ def fit_judge(
     log(f"cross-validating over {len({it.group for it in items})} sets ({len(items)} cases)")
     judged = out_of_fold(items, settings, floor, log)
     bars, with_judge = choose_bars(items, strict, judged)
-    alone = _figures(items, _predictions(items, strict, None))
+    alone = figures(items, replay(items, strict, None))
     _, x, y = _rows(items, floor)
     if not y.any():
         raise InvalidInput("the cases hold no duplicate (expected skip) to learn from")
@@ -306,12 +309,6 @@ def _up_to_date(
     )
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _line(m: dict[str, Any]) -> str:
     def f(x: Any, digits: int) -> str:
         return "-" if x is None else f"{x:.{digits}f}"
@@ -338,13 +335,15 @@ def command(args: Any, engine_settings: Any) -> int:
     sets: list[tuple[str, list[dict[str, Any]]]] = []
     described: list[dict[str, Any]] = []
     for path in paths:
+        if path.stem in HELD_OUT:
+            raise InvalidInput(f"{path}: held out (benchmarks/data/README.md), never fitted on")
         cases = load_cases(path)
         if not is_labelled(cases):
             raise InvalidInput(f"{path}: the judge needs labelled cases (category and expected)")
         if path.stem in dict(sets):
             raise InvalidInput(f"{path}: two sets named {path.stem}")
         sets.append((path.stem, cases))
-        described.append({"name": path.stem, "sha256": _sha256(path), "cases": len(cases)})
+        described.append({"name": path.stem, "sha256": sha256_of(path), "cases": len(cases)})
     log = (lambda line: print(line, flush=True)) if not args.quiet else (lambda line: None)
     boost = BoostSettings(trees=args.trees)
     start = time.perf_counter()

@@ -36,7 +36,6 @@ __all__ = [
     "dump_policy_file",
     "load_policy_file",
     "resolve_overrides",
-    "resolve_policy",
 ]
 
 FORMAT = "memgate-policy/1"
@@ -149,13 +148,6 @@ def resolve_overrides(name: str | None, path: str | Path | None) -> tuple[str, d
     (:meth:`engine.gate.gate.Gate.policy`)."""
     pf = load_policy_file(path) if path is not None else None
     return base_name(name, pf), {} if pf is None else dict(pf.overrides)
-
-
-def resolve_policy(name: str | None, path: str | Path | None) -> tuple[str, Policy]:
-    """``--policy NAME`` and/or ``--policy-file PATH`` as (base name, policy)."""
-    pf = load_policy_file(path) if path is not None else None
-    base = base_name(name, pf)
-    return base, policy_by_name(base) if pf is None else pf.policy
 
 
 class PolicyFileGate:

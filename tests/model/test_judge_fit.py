@@ -12,7 +12,7 @@ import pytest
 
 from engine.cli import main as cli_main
 from engine.evaluate import decide_cases, load_cases, stage
-from engine.fit_judge import _predictions, capture
+from engine.fit_judge import capture, replay
 from engine.gate.gate import policy_for
 from engine.gate.judge.store import load_judge
 
@@ -36,7 +36,7 @@ def test_captured_evidence_replays_the_gate_s_own_strict_decisions(make_gate, tm
     items = capture(gate, [("heldout3", cases)])
     assert len(items) == len(cases) and all(it.group == "heldout3" for it in items)
     strict = policy_for("strict", gate.nli, gate.embedder)
-    replayed = _predictions(items, strict, None)
+    replayed = replay(items, strict, None)
     direct = [p for p, _ in decide_cases(gate, stage(gate, cases, prefix="direct"), strict)]
     assert replayed == direct
 

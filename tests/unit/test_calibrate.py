@@ -33,7 +33,7 @@ from engine.policy_file import (
     base_name,
     dump_policy_file,
     load_policy_file,
-    resolve_policy,
+    resolve_overrides,
 )
 
 
@@ -264,10 +264,10 @@ def test_policy_file_round_trip(tmp_path: Path) -> None:
     back = load_policy_file(tmp_path / "p.json")
     assert back == pf
     assert back.policy.floor == 0.5 and back.policy.top_k == 12 and back.policy.mode == "review"
-    assert resolve_policy(None, tmp_path / "p.json")[1] == back.policy
-    assert resolve_policy(None, None) == ("strict", STRICT)
+    assert resolve_overrides(None, tmp_path / "p.json") == ("review", back.overrides)
+    assert resolve_overrides(None, None) == ("strict", {})
     with pytest.raises(InvalidInput, match="which is for review"):
-        resolve_policy("strict", tmp_path / "p.json")
+        resolve_overrides("strict", tmp_path / "p.json")
     assert base_name("review", back) == "review"
 
 
