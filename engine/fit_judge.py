@@ -257,8 +257,11 @@ def fit_judge(
     sets: Sequence[dict[str, Any]],
     settings: BoostSettings | None = None,
     log: Callable[[str], None] = lambda line: None,
+    *,
+    given: bool = False,
 ) -> Fitted:
-    """Cross-validate, choose the bars, and fit on every case (steps 2-5 of the module)."""
+    """Cross-validate, choose the bars, and fit on every case (steps 2-5 of the module).
+    ``given``: the sets were the user's own (``--cases``), not this checkout's."""
     settings = settings or BoostSettings()
     floor = REVIEW.floor
     log(f"cross-validating over {len({it.group for it in items})} sets ({len(items)} cases)")
@@ -272,6 +275,7 @@ def fit_judge(
     provenance = {
         "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sets": list(sets),
+        "sets_given": given,
         "rows": int(len(y)),
         "duplicates": int(y.sum()),
         "floor": floor,
@@ -288,25 +292,38 @@ def fit_judge(
 
 
 def _up_to_date(
-    path: Path, models: dict[str, Any], sets: list[dict[str, Any]], settings: BoostSettings
-) -> bool:
-    """A valid judge file fitted with these models, on these sets, with these settings."""
+    path: Path,
+    models: dict[str, Any],
+    sets: list[dict[str, Any]],
+    settings: BoostSettings,
+    *,
+    given: bool,
+) -> str:
+    """Why the judge at ``path`` needs no fit ("" when it does): it was fitted with these
+    models and settings, and on ``sets``; or, when these are the checkout's sets (not
+    ``given``), on sets a user gave, which a plain ``memgate models judge`` (``make models``)
+    keeps."""
     from engine.errors import ModelError
     from engine.gate.judge.store import load_judge
 
     if not path.is_file():
-        return False
+        return ""
     try:
         judge = load_judge(path)
     except ModelError:
-        return False
+        return ""
     p = judge.provenance
-    return (
+    same = (
         dict(judge.models) == models
-        and p.get("sets") == sets
         and p.get("settings") == settings.__dict__
         and p.get("bar_grid") == {k: list(v) for k, v in BAR_GRID.items()}
     )
+    if not same:
+        return ""
+    if not given and p.get("sets_given"):
+        names = ", ".join(str(s.get("name")) for s in p.get("sets", []))
+        return f"fitted on your own sets ({names}): kept; --force refits on this checkout's"
+    return "the same models, sets and settings" if p.get("sets") == sets else ""
 
 
 def _line(m: dict[str, Any]) -> str:
@@ -329,7 +346,8 @@ def command(args: Any, engine_settings: Any) -> int:
     from engine.gate.gate import policy_for
     from engine.gate.judge.store import judge_path, model_identity, save_judge
 
-    paths = [Path(p) for p in args.cases] if args.cases else default_sets()
+    given = bool(args.cases)
+    paths = [Path(p) for p in args.cases] if given else default_sets()
     if not paths:
         raise InvalidInput("no labelled sets found: give --cases FILE.jsonl ...")
     sets: list[tuple[str, list[dict[str, Any]]]] = []
@@ -356,8 +374,9 @@ def command(args: Any, engine_settings: Any) -> int:
         g = eng.gate
         models = {"embedder": model_identity(g.embedder), "nli": model_identity(g.nli)}
         path = judge_path(engine_settings.cache_dir, models["embedder"], models["nli"])
-        if not args.force and _up_to_date(path, models, described, boost):
-            log(f"{path} is up to date (the same models, sets and settings): --force refits it")
+        why = "" if args.force else _up_to_date(path, models, described, boost, given=given)
+        if why:
+            log(f"{path} is up to date ({why}); --force refits it")
             return 0
         log(
             f"capturing {sum(len(c) for _, c in sets)} cases of {len(sets)} sets with "
@@ -367,7 +386,7 @@ def command(args: Any, engine_settings: Any) -> int:
         items = capture(g, sets)
         strict = dc_replace(policy_for("strict", g.nli, g.embedder), judge=True)
     log(f"captured in {time.perf_counter() - start:.0f} s")
-    fitted = fit_judge(items, strict, models, described, boost, log)
+    fitted = fit_judge(items, strict, models, described, boost, log, given=given)
     save_judge(path, fitted.judge)
     j = fitted.judge
     log(f"strict, rule alone:            {_line(fitted.rule_alone)}")

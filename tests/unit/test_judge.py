@@ -259,3 +259,33 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
             expected[r] += model.value[n]
     assert model.depth >= 2
     assert np.allclose(model.margin(probe), expected, atol=1e-12)
+
+
+def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
+    from engine.fit_judge import BAR_GRID, _up_to_date
+
+    settings = BoostSettings()
+    models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
+    ours = [{"name": "heldout", "sha256": "aa", "cases": 120}]
+    theirs = [{"name": "mine", "sha256": "bb", "cases": 300}]
+
+    def saved(sets: list[dict[str, object]], given: bool) -> Path:
+        provenance = {
+            "sets": sets,
+            "sets_given": given,
+            "settings": settings.__dict__,
+            "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
+        }
+        judge = replace(_tiny_judge(), models=models, provenance=provenance)
+        return save_judge(tmp_path / "judge.json", judge)
+
+    path = saved(ours, given=False)
+    assert _up_to_date(path, models, ours, settings, given=False)
+    assert not _up_to_date(path, models, ours + theirs, settings, given=False)  # a new set
+    assert not _up_to_date(path, {**models, "nli": {"name": "m"}}, ours, settings, given=False)
+    assert not _up_to_date(path, models, ours, BoostSettings(trees=10), given=False)
+    path = saved(theirs, given=True)
+    assert "your own sets (mine)" in _up_to_date(path, models, ours, settings, given=False)
+    assert _up_to_date(path, models, theirs, settings, given=True)
+    assert not _up_to_date(path, models, ours, settings, given=True)
+    assert not _up_to_date(tmp_path / "none.json", models, ours, settings, given=False)
