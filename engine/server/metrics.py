@@ -5,8 +5,9 @@
 (facts waiting for the model), ``memgate_permits_in_use`` and ``memgate_admission_limit``
 (admission), ``memgate_decisions_total{action,dry_run}`` (Triage and dry-run Backfill count
 with ``dry_run="true"``, so stored decisions are told apart from previews), and
-``memgate_build_info{version,embedder,embedder_manifest,nli,nli_manifest}`` (always 1; the
-manifest labels are the first 16 hex digits of each model's sealed ``manifest_sha256``).
+``memgate_build_info{version,embedder,embedder_manifest,nli,nli_manifest,judge}`` (always 1;
+the manifest labels are the first 16 hex digits of each model's sealed ``manifest_sha256``, the
+judge label those of the duplicate judge's ``judge_sha256``, ``none`` without a judge).
 The registry also carries the standard ``process_*`` (resident memory, CPU seconds, open file
 descriptors, start time) and ``python_info`` collectors, which a private registry does not get
 by itself. Exposed over HTTP by :meth:`Metrics.serve` on ``--metrics-port`` (0: off).
@@ -96,8 +97,9 @@ class Metrics:
         )
         self.build_info = Gauge(
             "memgate_build_info",
-            "Always 1: the memgate version and the sealed manifests of the models served.",
-            ["version", "embedder", "embedder_manifest", "nli", "nli_manifest"],
+            "Always 1: the memgate version and the sealed manifests of the models and the "
+            "duplicate judge served.",
+            ["version", "embedder", "embedder_manifest", "nli", "nli_manifest", "judge"],
             registry=r,
         )
         ProcessCollector(registry=r)
@@ -136,6 +138,7 @@ class Metrics:
             name, digest = _model_labels(getattr(getattr(gate, role, None), "manifest", None))
             labels[role] = name
             labels[f"{role}_manifest"] = digest
+        labels["judge"] = str(getattr(getattr(gate, "judge", None), "seal", "") or "none")[:16]
         self.build_info.clear()
         self.build_info.labels(**labels).set(1)
 

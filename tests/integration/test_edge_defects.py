@@ -308,6 +308,8 @@ def test_metrics_registry_carries_process_build_and_dry_run(
         for role, m in (("embedder", e), ("nli", n)):
             seal = json.loads((m.directory / "manifest.json").read_text())["manifest_sha256"]
             assert f'{role}_manifest="{seal[:16]}"' in info[0]
+        judge = getattr(gate, "judge", None)
+        assert f'judge="{judge.seal[:16] if judge is not None else "none"}"' in info[0]
     finally:
         st.stop(grace=0)
 

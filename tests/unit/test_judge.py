@@ -289,3 +289,20 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
     assert _up_to_date(path, models, theirs, settings, given=True)
     assert not _up_to_date(path, models, ours, settings, given=True)
     assert not _up_to_date(tmp_path / "none.json", models, ours, settings, given=False)
+
+
+def test_build_info_names_the_served_judge_by_its_seal(tmp_path: Path) -> None:
+    from engine.server.metrics import Metrics
+
+    judge = load_judge(save_judge(tmp_path / "j.json", _tiny_judge()))
+    assert len(judge.seal) == 64
+    for served, label in ((judge, judge.seal[:16]), (None, "none")):
+        metrics = Metrics()
+        metrics.describe(SimpleNamespace(embedder=None, nli=None, judge=served))
+        (sample,) = [
+            s
+            for m in metrics.registry.collect()
+            for s in m.samples
+            if s.name == "memgate_build_info"
+        ]
+        assert sample.labels["judge"] == label and sample.value == 1.0

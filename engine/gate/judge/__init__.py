@@ -69,6 +69,8 @@ class Judge:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     """How it was fitted: the labelled sets and their sha256, the settings, the cross-validated
     figures. Shown, never used to decide."""
+    seal: str = ""
+    """The judge file's ``judge_sha256`` when loaded from one (empty for a judge in memory)."""
 
     def __post_init__(self) -> None:
         if self.trees.n_features != len(FEATURES):

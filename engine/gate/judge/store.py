@@ -97,6 +97,7 @@ def load_judge(path: Path) -> Judge:
             keep_bar=float(body["keep_bar"]),
             models=body.get("models") or {},
             provenance=body.get("provenance") or {},
+            seal=str(body[SEAL]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelError(f"judge {path}: malformed ({exc})") from None
