@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def _table(rows: list[list[str]]) -> str:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     cache = _cache(args)
-    rows = [_row(d)[0] for d in iter_artefacts(cache)]
+    rows = [_row(d)[0] for d in iter_artefacts(cache)] + [_judge_row(p)[0] for p in _judges(cache)]
     if not rows:
         print(f"no artefacts under {cache}: build them with `memgate models build`")
         return 0
@@ -191,27 +191,51 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _judges(cache: Path) -> list[Path]:
+    """The duplicate judges' files under ``cache`` (``memgate models judge``), sorted."""
+    from engine.gate.judge.store import JUDGES_DIR
+
+    root = cache / JUDGES_DIR
+    return sorted(p for p in root.glob("*.json") if p.is_file()) if root.is_dir() else []
+
+
+def _judge_row(path: Path) -> tuple[list[str], bool]:
+    from engine.gate.judge.store import load_judge
+
+    try:
+        judge = load_judge(path)
+    except ModelError as exc:
+        return ["judge", path.stem, "judge", "fitted", f"unreadable: {exc}", _mib(0), "NO"], False
+    sets = judge.provenance.get("sets") or []
+    origin = f"{len(sets)} labelled sets, {sum(int(s.get('cases', 0)) for s in sets)} cases"
+    return ["judge", path.stem, "judge", "fitted", origin, _mib(path.stat().st_size), "yes"], True
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from engine.gate.judge.store import load_judge
     from engine.runtime.manifest import load_manifest
 
     cache = _cache(args)
-    dirs = list(iter_artefacts(cache))
-    if not dirs:
+    dirs, judges = list(iter_artefacts(cache)), _judges(cache)
+    if not dirs and not judges:
         print(
             f"no artefacts under {cache}: build them with `memgate models build`", file=sys.stderr
         )
         return 1
     failed = 0
-    for directory in dirs:
-        label = f"{directory.parent.name}/{directory.name}"
+    checks: list[tuple[str, Path, Callable[[Path], object]]] = [
+        (f"{d.parent.name}/{d.name}", d, load_manifest) for d in dirs
+    ]
+    checks += [(f"judges/{p.name}", p, load_judge) for p in judges]
+    for label, path, load in checks:
         try:
-            load_manifest(directory, verify=True)
+            load(path)
         except ModelError as exc:
             failed += 1
             print(f"MISMATCH {label}: {exc}")
         else:
             print(f"ok       {label}")
-    print(f"{len(dirs) - failed}/{len(dirs)} artefacts verify")
+    print(f"{len(checks) - failed}/{len(checks)} artefacts verify")
     return 1 if failed else 0
 
 

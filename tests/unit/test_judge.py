@@ -306,3 +306,21 @@ def test_build_info_names_the_served_judge_by_its_seal(tmp_path: Path) -> None:
             if s.name == "memgate_build_info"
         ]
         assert sample.labels["judge"] == label and sample.value == 1.0
+
+
+def test_models_list_and_verify_cover_the_judge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.pipeline import cli
+
+    path = save_judge(tmp_path / "judges" / "e-v+n-w.json", _tiny_judge())
+    assert cli.main(["models", "list", "--cache-dir", str(tmp_path)]) == 0
+    row = capsys.readouterr().out.splitlines()[-1].split()
+    assert row[:4] == ["judge", "e-v+n-w", "judge", "fitted"] and row[-1] == "yes"
+    assert cli.main(["models", "verify", "--cache-dir", str(tmp_path)]) == 0
+    assert "1/1 artefacts verify" in capsys.readouterr().out
+    body = json.loads(path.read_text())
+    path.write_text(json.dumps({**body, "keep_bar": 0.0}))
+    assert cli.main(["models", "verify", "--cache-dir", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH judges/e-v+n-w.json" in out and "0/1 artefacts verify" in out
