@@ -46,7 +46,15 @@ TUNED_ON = [
     "heldout-6",
     "heldout-7",
 ]
-HELD_OUT = ("heldout-8", "heldout-9", "heldout-10", "heldout-11", "heldout-12")
+HELD_OUT = (
+    "heldout-8",
+    "heldout-9",
+    "heldout-10",
+    "heldout-11",
+    "heldout-12",
+    "heldout-13",
+    "heldout-14",
+)
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],
     "key_match_contradiction": [0.80, 0.90, 0.95],

@@ -23,8 +23,8 @@
 
 Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
 heldout, heldout2 ... heldout10 and the shared ``dev.jsonl`` next to the checkout when present.
-heldout11 and heldout12 are never among them, nor accepted by ``--cases``: they are the held-out
-measuring sticks.
+heldout11 to heldout14 are never among them, nor accepted by ``--cases``: they are the held-out
+measuring sticks (13 and 14 never looked at).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
 TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 11)))
 """The checkout's labelled sets a judge is fitted on by default (``benchmarks/data``)."""
-HELD_OUT = ("heldout11", "heldout12")
+HELD_OUT = ("heldout11", "heldout12", "heldout13", "heldout14")
 """Sets never fitted on: the gate's measuring sticks (``benchmarks/data/README.md``)."""
 
 BAR_GRID: dict[str, tuple[float, ...]] = {

@@ -1,4 +1,4 @@
-"""heldout4/5/6/7/8/9/10/11/12.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout14.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -25,6 +25,8 @@ FROZEN = [
     ("heldout10", "h10", "4bb6c76d8cf6dd654db29565a185549b65dd607117b60ef506a3e025e30582d4", 34),
     ("heldout11", "h11", "c7ccef7099161760b3ce35ca98d90f203eefbf2e50e3d0de01049ca7bd3872b8", 34),
     ("heldout12", "h12", "dd11c68a8f873c258d57e1a950d1f824e661db0871883cc853bc39b8288b5f72", 34),
+    ("heldout13", "h13", "6ca32972783110254f6762ee3e616ccf90081b22c880e5bcc28fe1ca2f225b08", 34),
+    ("heldout14", "h14", "71788189f62c2ae864fd8edba60250cc44107ca5bbe61eca768e3d7a4be91c79", 34),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
