@@ -82,6 +82,28 @@ def clear_gate_caches() -> int:
     return cleared
 
 
+def cleared_passes(
+    arms: dict[str, Callable[[], Any]], rounds: int, label: str, phase: str
+) -> dict[str, list[Any]]:
+    """Interleaved rounds of each arm's pass (a ``bench_gate.Pass``), the gate's memo caches
+    cleared before each, so every arm pays the parser; a line per pass with its ms per fact and
+    ``phase``'s. The one-store A/B scripts (bench_parse, bench_judge) share it."""
+    from _common import interleaved
+
+    passes: dict[str, list[Any]] = {arm: [] for arm in arms}
+    for r, order in interleaved(list(arms), rounds):
+        for arm in order:
+            clear_gate_caches()
+            p = arms[arm]()
+            passes[arm].append(p)
+            print(
+                f"  {label} round {r + 1} {arm}: {1000 * p.seconds / p.facts:.1f} ms/fact, "
+                f"{phase} {1000 * p.phases.get(phase, 0.0) / p.facts:.2f}",
+                flush=True,
+            )
+    return passes
+
+
 class SpacyClock:
     """Seconds spent inside spaCy ``Language.__call__`` and ``Language.pipe`` (0 when the tree
     never imports spaCy); ``calls`` counts the texts parsed."""

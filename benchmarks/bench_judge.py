@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ ARMS = ("rule alone", "rule + judge")
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from bench_gate import memgate_pass, one_namespace
-    from bench_gate_cost import clear_gate_caches
+    from bench_gate_cost import cleared_passes
 
     from engine.gate.gate import Gate
     from engine.gate.judge.store import find_judge
@@ -57,21 +58,18 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "rule + judge": Gate(store, index, embedder, scorer, judge=judge),
             }
             memgate_pass(gates["rule alone"], facts, args.batch)  # indexes loaded, models warm
-            per_fact: dict[str, list[float]] = {a: [] for a in ARMS}
-            decide: dict[str, list[float]] = {a: [] for a in ARMS}
-            actions: dict[str, Any] = {}
-            for r, order in common.interleaved(list(ARMS), args.rounds):
-                for arm in order:
-                    clear_gate_caches()
-                    p = memgate_pass(gates[arm], facts, args.batch)
-                    per_fact[arm].append(1000 * p.seconds / p.facts)
-                    decide[arm].append(1000 * p.phases.get("decide", 0.0) / p.facts)
-                    actions.setdefault(arm, dict(sorted(p.actions.items())))
-                    print(
-                        f"  N = {n:,} round {r + 1} {arm}: {per_fact[arm][-1]:.1f} ms/fact, "
-                        f"decide {decide[arm][-1]:.2f}",
-                        flush=True,
-                    )
+            passes = cleared_passes(
+                {arm: partial(memgate_pass, gates[arm], facts, args.batch) for arm in ARMS},
+                args.rounds,
+                f"N = {n:,}",
+                "decide",
+            )
+            per_fact = {a: [1000 * p.seconds / p.facts for p in ps] for a, ps in passes.items()}
+            decide = {
+                a: [1000 * p.phases.get("decide", 0.0) / p.facts for p in ps]
+                for a, ps in passes.items()
+            }
+            actions = {a: dict(sorted(ps[0].actions.items())) for a, ps in passes.items()}
             rows.append(
                 {
                     "memories": n,

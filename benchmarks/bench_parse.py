@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ ARMS = ("batched", "one by one")
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from bench_gate import memgate_pass, one_namespace
-    from bench_gate_cost import clear_gate_caches
+    from bench_gate_cost import cleared_passes
 
     from engine.gate.claims import nlp
     from engine.gate.gate import Gate
@@ -48,30 +49,32 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     def one_by_one(self: Any, texts: Iterable[str]) -> int:
         return 0
 
+    def parser_off(run: Callable[[], Any]) -> Any:
+        """``run()`` with the batch parse a no-op: each text parsed on its own when read."""
+        nlp._Docs.many = one_by_one  # type: ignore[method-assign]
+        try:
+            return run()
+        finally:
+            nlp._Docs.many = batched  # type: ignore[method-assign]
+
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
         with one_namespace(embedder, scorer, corpus, n, args.facts) as (store, index, facts):
             gate = Gate(store, index, embedder, scorer)
             memgate_pass(gate, facts, args.batch)  # indexes loaded, models warm
-            per_fact: dict[str, list[float]] = {a: [] for a in ARMS}
-            identify: dict[str, list[float]] = {a: [] for a in ARMS}
-            decisions: dict[str, list[Any]] = {}
-            try:
-                for r, order in common.interleaved(list(ARMS), args.rounds):
-                    for arm in order:
-                        nlp._Docs.many = batched if arm == "batched" else one_by_one  # type: ignore[method-assign]
-                        clear_gate_caches()
-                        p = memgate_pass(gate, facts, args.batch)
-                        per_fact[arm].append(1000 * p.seconds / p.facts)
-                        identify[arm].append(1000 * p.phases.get("identify", 0.0) / p.facts)
-                        decisions.setdefault(arm, sorted(p.actions.items()))
-                        print(
-                            f"  N = {n:,} round {r + 1} {arm}: {per_fact[arm][-1]:.1f} ms/fact, "
-                            f"identify {identify[arm][-1]:.1f}",
-                            flush=True,
-                        )
-            finally:
-                nlp._Docs.many = batched  # type: ignore[method-assign]
+            run = partial(memgate_pass, gate, facts, args.batch)
+            passes = cleared_passes(
+                {"batched": run, "one by one": partial(parser_off, run)},
+                args.rounds,
+                f"N = {n:,}",
+                "identify",
+            )
+            per_fact = {a: [1000 * p.seconds / p.facts for p in ps] for a, ps in passes.items()}
+            identify = {
+                a: [1000 * p.phases.get("identify", 0.0) / p.facts for p in ps]
+                for a, ps in passes.items()
+            }
+            decisions = {a: sorted(ps[0].actions.items()) for a, ps in passes.items()}
             rows.append(
                 {
                     "memories": n,

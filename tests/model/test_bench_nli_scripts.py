@@ -1,7 +1,8 @@
 """The issue-16 scripts on the real artefacts, at smoke size: bench_span measures each
 narrowed graph against the same graph widened back (same logits), bench_aegis_gate runs the gate
 with the served aegis graph and with the one as shipped, bench_parse with the claim parser batched
-and one by one. Their speed figures are not asserted."""
+and one by one, bench_judge with and without the duplicate judge. Their speed figures are not
+asserted."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def test_bench_parse_runs_both_parser_arms_to_the_same_decisions(
     assert row["same_actions"] is True and row["facts"] == 20
     assert set(row["ms_per_fact"]) == set(bench_parse.ARMS)
     assert all(v > 0 for v in row["identify_ms_per_fact"].values())
+
+
+def test_bench_judge_runs_the_gate_with_and_without_the_served_judge(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    import bench_judge
+
+    argv = ["--smoke", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]
+    assert bench_judge.main(argv) == 0
+    (row,) = _result(tmp_path, "bench_judge")["rows"]
+    assert row["memories"] == 200 and row["facts"] == 20
+    assert set(row["ms_per_fact"]) == set(row["actions"]) == set(bench_judge.ARMS)
+    assert all(v > 0 for v in row["ms_per_fact"].values()) and row["cost"] > 0
+    # the judge only moves facts between add and skip: replaces and reviews are the rule's
+    alone, judged = (row["actions"][a] for a in bench_judge.ARMS)
+    for action in ("replace", "review"):
+        assert alone.get(action, 0) == judged.get(action, 0)
+    assert sum(alone.values()) == sum(judged.values()) == 20
