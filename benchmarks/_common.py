@@ -119,12 +119,16 @@ def ab_main(
     cells: Callable[[dict[str, Any]], Sequence[Any]],
     title: Callable[[dict[str, Any], argparse.Namespace], str],
     draw: Callable[[Any, list[dict[str, Any]]], Any],
+    extra_args: Callable[[argparse.ArgumentParser], Any] | None = None,
 ) -> int:
     """The main of a one-store A/B script: common and store arguments (``--smoke`` sets sizes,
-    facts and rounds to ``smoke``), the rows ``measure`` returns as a table, JSON and plot."""
+    facts and rounds to ``smoke``) and the script's own (``extra_args``), the rows ``measure``
+    returns as a table, JSON and plot."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     add_common_args(parser)
     add_store_args(parser)
+    if extra_args is not None:
+        extra_args(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.sizes, args.facts, args.rounds = smoke

@@ -236,11 +236,11 @@ def one_namespace(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def memgate_pass(gate: Any, facts: Sequence[Any], batch: int) -> Pass:
+def memgate_pass(gate: Any, facts: Sequence[Any], batch: int, policy: str = "strict") -> Pass:
     out = Pass()
     for part in batches(facts, batch):
         t0, c0 = time.perf_counter(), time.process_time()
-        res = gate.triage(part, "strict", apply=False)
+        res = gate.triage(part, policy, apply=False)
         out.seconds += time.perf_counter() - t0
         out.cpu_seconds += time.process_time() - c0
         out.facts += len(part)

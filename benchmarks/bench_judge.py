@@ -1,13 +1,16 @@
-"""What the duplicate judge costs a fact, in one process: the gate with it and without it.
+"""What the judge costs a fact, in one process: the gate with it and without it.
 
 The same store, models and facts for both arms (bench_gate's corpus, one namespace of N
-memories, M facts in batches of 100, strict, dry run), interleaved rounds, the gate's memo
-caches cleared before each pass (so both arms pay the parser). The judge is the one fitted for
-the served models (``memgate models judge``); its features need the claims of the judged
-candidates and one walk down its trees per fact, both inside the ``decide`` phase.
+memories, M facts in batches of 100, ``--policy`` strict or review, dry run), interleaved
+rounds, the gate's memo caches cleared before each pass (so both arms pay the parser). The
+judge is the one fitted for the served models (``memgate models judge``); its features need
+the claims of the judged candidates and one walk down one set of its trees per fact (the update
+trees for a rule's replacement, which may be held back; both sets for a rule's add under
+review, which may be skipped or queued), inside the ``decide`` phase.
 
     python benchmarks/bench_judge.py --cache-dir $MEMGATE_HOME                 # N = 1,000
     python benchmarks/bench_judge.py --sizes 1000,10000 --rounds 3
+    python benchmarks/bench_judge.py --sizes 1000 --rounds 3 --policy review
 """
 
 from __future__ import annotations
@@ -59,7 +62,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
             memgate_pass(gates["rule alone"], facts, args.batch)  # indexes loaded, models warm
             passes = cleared_passes(
-                {arm: partial(memgate_pass, gates[arm], facts, args.batch) for arm in ARMS},
+                {
+                    arm: partial(memgate_pass, gates[arm], facts, args.batch, args.policy)
+                    for arm in ARMS
+                },
                 args.rounds,
                 f"N = {n:,}",
                 "decide",
@@ -73,6 +79,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "memories": n,
+                    "policy": args.policy,
                     "facts": len(facts),
                     "ms_per_fact": {a: float(np.median(v)) for a, v in per_fact.items()},
                     "decide_ms_per_fact": {a: float(np.median(v)) for a, v in decide.items()},
@@ -91,7 +98,7 @@ def draw(plt: Any, rows: list[dict[str, Any]]) -> Any:
         ARMS,
         lambda r, arm: r["ms_per_fact"][arm],
         ylabel="ms per fact, caches cleared (median of rounds)",
-        title="Gate time per fact: the rule alone and with the duplicate judge",
+        title="Gate time per fact: the rule alone and with the judge",
         label="{}",
     )
 
@@ -119,9 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         headers=["N", "rule ms/fact", "+judge ms/fact", "decide r / +j", "cost", "skips r / +j"],
         cells=cells,
         title=lambda payload, args: (
-            f"{payload['machine']['cpu']}, {args.threads} threads, aegis int8"
+            f"{payload['machine']['cpu']}, {args.threads} threads, aegis int8, {args.policy}"
         ),
         draw=draw,
+        extra_args=lambda parser: parser.add_argument(
+            "--policy", choices=("strict", "review"), default="strict", help="named policy"
+        ),
     )
 
 

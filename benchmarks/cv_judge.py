@@ -1,5 +1,5 @@
-"""The duplicate judge, cross-validated per labelled set: what it is worth on wording it was not
-fitted on, beside the rule alone.
+"""The judge (duplicates and the update veto), cross-validated per labelled set: what it is worth
+on wording it was not fitted on, beside the rule alone.
 
 Every set's cases are captured once (``engine.fit_judge.capture``: the evidence the rule saw,
 review's floor). Each set in turn is then scored with trees fitted on the other sets (leave one
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.app import EngineSettings, open_engine
     from engine.evaluate import load_cases
-    from engine.fit_judge import capture, choose_bars, default_sets, figures, replay
+    from engine.fit_judge import capture, choose_bars, choose_queue, default_sets, figures, replay
     from engine.fit_judge import out_of_fold as oof
     from engine.gate.gate import policy_for
     from engine.gate.judge.boost import BoostSettings
@@ -64,26 +64,41 @@ def main(argv: list[str] | None = None) -> int:
         with open_engine(settings, db_path=Path(tmp) / "cv.db") as eng:
             items = capture(eng.gate, sets)
             strict = replace(policy_for("strict", eng.gate.nli, eng.gate.embedder), judge=True)
+            review0 = replace(policy_for("review", eng.gate.nli, eng.gate.embedder), judge=True)
             model = eng.gate.nli.manifest.describe()
     print(f"captured {len(items)} cases in {time.perf_counter() - start:.0f} s ({model})")
     boost = BoostSettings(trees=3 if args.smoke else args.trees)
     judged = oof(items, boost, REVIEW.floor, lambda line: print(line, flush=True))
+    updates = oof(items, boost, REVIEW.floor, lambda line: print(line, flush=True), "update")
 
     rows, per_set = [], []
     totals: dict[str, list[dict[str, Any]]] = {"alone": [], "judge": []}
+    review_totals: dict[str, list[dict[str, Any]]] = {"alone": [], "judge": []}
     for name, _ in sets:
         held = [i for i, it in enumerate(items) if it.group == name]
         rest = [i for i, it in enumerate(items) if it.group != name]
-        bars, _ = choose_bars([items[i] for i in rest], strict, [judged[i] for i in rest])
-        pol = replace(strict, judge_duplicate=bars["duplicate_bar"], judge_keep=bars["keep_bar"])
+        r_items, r_judged = [items[i] for i in rest], [judged[i] for i in rest]
+        r_updates = [updates[i] for i in rest]
+        bars, _ = choose_bars(r_items, strict, r_judged, r_updates)
+        bars["queue_bar"], _, _ = choose_queue(r_items, review0, r_judged, r_updates, bars)
+        pol = replace(
+            strict,
+            judge_duplicate=bars["duplicate_bar"],
+            judge_keep=bars["keep_bar"],
+            judge_veto=bars["veto_bar"],
+        )
         review = replace(
-            REVIEW, judge=True, judge_duplicate=pol.judge_duplicate, judge_keep=pol.judge_keep
+            review0,
+            judge_duplicate=pol.judge_duplicate,
+            judge_keep=pol.judge_keep,
+            judge_queue=bars["queue_bar"],
         )
         its, js = [items[i] for i in held], [judged[i] for i in held]
+        us = [updates[i] for i in held]
         rec: dict[str, Any] = {"set": name, "bars": bars}
-        for arm, jj in (("alone", None), ("judge", js)):
-            preds = replay(its, pol, jj)
-            rpreds = replay(its, review, jj)
+        for arm, jj, uu in (("alone", None, None), ("judge", js, us)):
+            preds = replay(its, pol, jj, uu)
+            rpreds = replay(its, review, jj, uu)
             rec[arm] = {
                 "strict": figures(its, preds),
                 "review": {
@@ -93,15 +108,19 @@ def main(argv: list[str] | None = None) -> int:
                 "predictions": preds,
             }
             totals[arm] += preds
+            review_totals[arm] += rpreds
         per_set.append(rec)
         a, j = rec["alone"]["strict"], rec["judge"]["strict"]
         rows.append(
             [
                 name,
                 a["cases"],
-                f"{bars['duplicate_bar']:.2f}/{bars['keep_bar']:.2f}",
+                f"{bars['duplicate_bar']:.2f}/{bars['keep_bar']:.2f}/{bars['veto_bar']:.1f}/"
+                f"{bars['queue_bar']:.1f}",
                 a["wrongful_overwrites"],
                 j["wrongful_overwrites"],
+                f"{a['update_recall']:.3f}",
+                f"{j['update_recall']:.3f}",
                 _pr(a),
                 _pr(j),
                 a["lost_information"],
@@ -119,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             all_a["wrongful_overwrites"],
             all_j["wrongful_overwrites"],
+            f"{all_a['update_recall']:.3f}",
+            f"{all_j['update_recall']:.3f}",
             _pr(all_a),
             _pr(all_j),
             all_a["lost_information"],
@@ -132,9 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "held set",
                 "cases",
-                "bars dup/keep",
+                "bars dup/keep/veto/queue",
                 "WO rule",
                 "WO +judge",
+                "recall rule",
+                "recall +judge",
                 "dup P/R rule",
                 "dup P/R +judge",
                 "lost rule",
@@ -146,11 +169,50 @@ def main(argv: list[str] | None = None) -> int:
             title=f"strict, judge and bars fitted without the held set ({model})",
         )
     )
+    cases = [it.case for it in items]
+    review_all = {arm: review_measures(cases, review_totals[arm]) for arm in review_totals}
+    rrows = [
+        [
+            rec["set"],
+            f"{rec['alone']['review']['updates_queued_right_target']:.3f}",
+            f"{rec['judge']['review']['updates_queued_right_target']:.3f}",
+            f"{rec['alone']['review']['adds_skips_queued']:.3f}",
+            f"{rec['judge']['review']['adds_skips_queued']:.3f}",
+        ]
+        for rec in per_set
+    ]
+    rrows.append(
+        [
+            "all",
+            *(
+                f"{review_all[arm][k]:.3f}"
+                for k in ("updates_queued_right_target", "adds_skips_queued")
+                for arm in ("alone", "judge")
+            ),
+        ]
+    )
+    print(
+        table(
+            [
+                "held set",
+                "queued right, rule",
+                "queued right, +judge",
+                "needless, rule",
+                "needless, +judge",
+            ],
+            rrows,
+            title="review: true updates queued with the right target, adds and skips queued",
+        )
+    )
     for rec in per_set:
         for arm in ("alone", "judge"):
             del rec[arm]["predictions"]
     payload.update(
-        model=model, trees=boost.trees, sets=per_set, all={"alone": all_a, "judge": all_j}
+        model=model,
+        trees=boost.trees,
+        sets=per_set,
+        all={"alone": all_a, "judge": all_j},
+        review_all=review_all,
     )
     save_results(args.out, "cv_judge", payload, lambda plt: draw(plt, per_set))
     return 0
@@ -162,20 +224,26 @@ def _pr(m: dict[str, Any]) -> str:
 
 
 def draw(plt: Any, per_set: list[dict[str, Any]]) -> Any:
-    """Duplicate recall and accuracy per held set, the rule alone beside the rule + judge."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    """Wrongful overwrites, update recall, duplicate recall and accuracy per held set, the rule
+    alone beside the rule + judge."""
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
     x = range(len(per_set))
-    for ax, key, label in zip(
-        axes, ("duplicate_recall", "accuracy"), ("duplicate recall", "accuracy"), strict=True
-    ):
+    panels = (
+        ("wrongful_overwrites", "wrongful overwrites"),
+        ("update_recall", "update recall"),
+        ("duplicate_recall", "duplicate recall"),
+        ("accuracy", "accuracy"),
+    )
+    for ax, (key, label) in zip(axes, panels, strict=True):
         for k, (arm, name) in enumerate((("alone", "rule alone"), ("judge", "rule + judge"))):
             vals = [r[arm]["strict"][key] or 0.0 for r in per_set]
             ax.bar([i - 0.2 + 0.4 * k for i in x], vals, 0.4, label=name)
         ax.set_xticks(list(x), [r["set"] for r in per_set], rotation=45, ha="right")
         ax.set_ylabel(f"strict {label}")
-        ax.set_ylim(0, 1)
+        if key != "wrongful_overwrites":
+            ax.set_ylim(0, 1)
     axes[0].legend()
-    fig.suptitle("duplicate judge, leave-one-set-out (trees and bars fitted without the held set)")
+    fig.suptitle("judge, leave-one-set-out (trees and bars fitted without the held set)")
     fig.tight_layout()
     return fig
 

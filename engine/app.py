@@ -43,7 +43,7 @@ class EngineSettings:
     DSN shared by several replicas (``--store`` / ``MEMGATE_STORE``). Index snapshots stay
     per replica, in ``data_dir``."""
     judge: bool = True
-    """Load the duplicate judge fitted for the served models (``memgate models judge``) when
+    """Load the judge fitted for the served models (``memgate models judge``) when
     the cache holds one; without it the gate's rule decides alone."""
     snapshots: bool = True
     """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads

@@ -1,24 +1,31 @@
-"""``memgate models judge``: fit the duplicate judge for the served models on labelled cases.
+"""``memgate models judge``: fit the judge (duplicates, updates) for the served models.
 
 1. **Capture.** Every case's memories are stored and its fact triaged as a dry run under the
    review policy, as ``memgate eval`` runs it, with a recording judge in the gate: it keeps the
    evidence the rule saw for each fact and changes nothing. Review's floor (0.45) is the lowest
    of the named policies, so every candidate any policy judges has its model scores.
 2. **Rows.** Each case's judged candidates (:func:`engine.gate.judge.features.features`) with
-   the label "this memory is the one the fact duplicates" (expected ``skip`` with it as target).
+   two labels: "this memory is the one the fact duplicates" (expected ``skip`` with it as
+   target) and "this memory is the one the fact updates" (expected ``replace`` with it as
+   target).
 3. **Cross-validation.** Each labelled set in turn is scored by trees fitted on the others
    (leave one set out, as each set has its own author and wording; with fewer than three sets,
-   five folds of cases). The out-of-fold probabilities are the judge's figures on wording it
-   was not fitted on.
+   five folds of cases), for each label. The out-of-fold probabilities are the judge's figures
+   on wording it was not fitted on.
 4. **Bars.** Strict's rule verdicts are replayed over the same evidence (the rule is pure) and
-   amended with the out-of-fold probabilities for every pair of bars of the grid; of the pairs
+   amended with the out-of-fold probabilities. The duplicate bars: of the pairs of the grid
    that skip no more new facts and updates than the rule alone (lost information), the one with
-   the most correct decisions wins (:func:`choose_bars`). The figures of the rule alone and
-   with the judge at those bars are the cross-validated estimate, recorded in the judge file
-   and printed. (The bars are chosen on the same out-of-fold probabilities they are scored
-   with: two numbers, a small optimism; ``benchmarks/cv_judge.py`` chooses them without the
-   set it scores.)
-5. **Fit** on every case and write the sealed judge file for these models
+   the most correct decisions. The veto bar, with those: the one with the most correct
+   decisions less ``OVERWRITE_COST`` for each wrongful overwrite (a wrongful overwrite is worse
+   than a missed update). See :func:`choose_bars`. The queue bar (review policies): review's
+   rule verdicts amended the same way, the bar with the most true updates queued with the right
+   target less the adds and skips queued needlessly (a queued fact is worth a human's look when
+   it is right at least half the time; :func:`choose_queue`). The figures of the rule alone and
+   with the judge at those bars are the cross-validated estimate, recorded in the judge file and
+   printed. (The bars are chosen on the same out-of-fold probabilities they are scored with:
+   three numbers, a small optimism; ``benchmarks/cv_judge.py`` chooses them without the set it
+   scores.)
+5. **Fit** both models on every case and write the sealed judge file for these models
    (:mod:`engine.gate.judge.store`).
 
 Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
@@ -48,14 +55,16 @@ from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
 from engine.gate.policy import decide as rule
-from engine.scoring import score
+from engine.scoring import review_measures, score
 
 __all__ = [
     "BAR_GRID",
+    "OVERWRITE_COST",
     "Captured",
     "Fitted",
     "capture",
     "choose_bars",
+    "choose_queue",
     "command",
     "default_sets",
     "figures",
@@ -74,7 +83,16 @@ HELD_OUT = ("heldout11", "heldout12", "heldout13", "heldout14")
 BAR_GRID: dict[str, tuple[float, ...]] = {
     "duplicate_bar": tuple(round(0.3 + 0.05 * i, 2) for i in range(14)),
     "keep_bar": (0.0, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.60),
+    "veto_bar": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+    "queue_bar": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
 }
+OVERWRITE_COST = 3
+"""What one wrongful overwrite costs, in correct decisions, when the veto bar is chosen: the
+bar maximises correct decisions less this many for each wrongful overwrite. A missed update
+leaves a stale fact beside the new one, which a reader can notice; an overwrite hides the true
+one. Over the ten read sets' out-of-fold figures (nested: bar chosen without the scored set)
+a cost of 2 held back 5 of 49 wrongful overwrites for 22 correct decisions, 3 held back 16 for
+43, 4 held back 21 for 58."""
 
 
 def default_sets() -> list[Path]:
@@ -139,19 +157,22 @@ def capture(gate: Any, sets: Sequence[tuple[str, list[dict[str, Any]]]]) -> list
 
 def _rows(
     items: Sequence[Captured], floor: float
-) -> tuple[list[list[str]], np.ndarray, np.ndarray]:
-    """Judged memory ids per case, and the stacked feature rows and labels."""
-    ids, xs, ys = [], [], []
+) -> tuple[list[list[str]], np.ndarray, dict[str, np.ndarray]]:
+    """Judged memory ids per case, the stacked feature rows, and their labels: ``duplicate``
+    (the fact restates this memory) and ``update`` (the fact replaces it)."""
+    ids, xs = [], []
+    labels: dict[str, list[float]] = {"duplicate": [], "update": []}
     for it in items:
         chosen, x = features(it.evidence, it.fact, floor)
         expected = it.case["expected"]
         ids.append([e.memory_id for e in chosen])
         xs.append(x)
-        ys += [
-            float(expected["action"] == "skip" and it.owners.get(e.memory_id) == expected["target"])
-            for e in chosen
-        ]
-    return ids, np.vstack(xs) if xs else np.zeros((0, 0)), np.asarray(ys)
+        for e in chosen:
+            mine = it.owners.get(e.memory_id) == expected["target"]
+            labels["duplicate"].append(float(expected["action"] == "skip" and mine))
+            labels["update"].append(float(expected["action"] == "replace" and mine))
+    x = np.vstack(xs) if xs else np.zeros((0, 0))
+    return ids, x, {k: np.asarray(v) for k, v in labels.items()}
 
 
 def _folds(items: Sequence[Captured]) -> list[list[int]]:
@@ -162,10 +183,16 @@ def _folds(items: Sequence[Captured]) -> list[list[int]]:
 
 
 def out_of_fold(
-    items: Sequence[Captured], settings: BoostSettings, floor: float, log: Callable[[str], None]
+    items: Sequence[Captured],
+    settings: BoostSettings,
+    floor: float,
+    log: Callable[[str], None],
+    label: str = "duplicate",
 ) -> list[dict[str, float]]:
-    """Per case, memory id -> duplicate probability from trees fitted without its fold."""
-    ids, x, y = _rows(items, floor)
+    """Per case, memory id -> probability of ``label`` (``duplicate`` or ``update``) from trees
+    fitted without its fold."""
+    ids, x, labels = _rows(items, floor)
+    y = labels[label]
     case_of = np.repeat(np.arange(len(items)), [len(i) for i in ids])
     probs = np.zeros(len(y))
     folds = _folds(items)
@@ -173,7 +200,7 @@ def out_of_fold(
         held = np.isin(case_of, fold)
         if held.any() and (~held).any() and y[~held].any():
             probs[held] = fit(x[~held], y[~held], settings).probability(x[held])
-        log(f"  fold {n}/{len(folds)}: {int(held.sum())} candidates scored")
+        log(f"  {label} fold {n}/{len(folds)}: {int(held.sum())} candidates scored")
     out, k = [], 0
     for memory_ids in ids:
         out.append({m: float(probs[k + j]) for j, m in enumerate(memory_ids)})
@@ -182,15 +209,22 @@ def out_of_fold(
 
 
 def replay(
-    items: Sequence[Captured], policy: Policy, judged: Sequence[dict[str, float]] | None
+    items: Sequence[Captured],
+    policy: Policy,
+    judged: Sequence[dict[str, float]] | None,
+    updates: Sequence[dict[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
+    """``policy``'s decisions over captured evidence: the rule's, amended with the judged
+    duplicate (and update) probabilities when given, as the gate amends them."""
     preds = []
     for n, it in enumerate(items):
         v = rule(it.evidence, policy)
         if judged is not None:
             # the judge reads the candidates at or above this policy's floor
             floor_ids = {e.memory_id for e in it.evidence if e.similarity >= policy.floor}
-            v = amended(v, {m: p for m, p in judged[n].items() if m in floor_ids}, policy)
+            dup = {m: p for m, p in judged[n].items() if m in floor_ids}
+            upd = {m: p for m, p in updates[n].items() if m in floor_ids} if updates else None
+            v = amended(v, dup, policy, upd)
         target = it.owners.get(v.target_id) if v.target_id else None
         preds.append(
             {
@@ -216,29 +250,89 @@ def figures(items: Sequence[Captured], preds: Sequence[dict[str, Any]]) -> dict[
     return {k: m[k] for k in keys}
 
 
+def _correct(m: dict[str, Any]) -> int:
+    return round(m["accuracy"] * m["cases"])
+
+
 def choose_bars(
-    items: Sequence[Captured], policy: Policy, judged: Sequence[dict[str, float]]
+    items: Sequence[Captured],
+    policy: Policy,
+    judged: Sequence[dict[str, float]],
+    updates: Sequence[dict[str, float]] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """The bars of :data:`BAR_GRID` with the most correct decisions over ``items`` (``policy``'s
-    rule amended with ``judged``) among those that lose no more information than the rule alone
+    """The bars of :data:`BAR_GRID` for ``policy``'s rule amended with ``judged`` (duplicate)
+    and ``updates`` (update) probabilities over ``items``. Duplicate and keep bars: the most
+    correct decisions among the pairs that lose no more information than the rule alone
     (facts skipped that were new or updates: a stored duplicate can be noticed and removed, a
-    skipped fact is gone); ties to less lost information, then fewer changes. Returns the bars
-    and their figures."""
+    skipped fact is gone); ties to less lost information, then fewer changes. Then the veto
+    bar (0 without ``updates``): the most correct decisions less :data:`OVERWRITE_COST` per
+    wrongful overwrite; ties to the lower bar. Returns the bars and their figures."""
     alone = figures(items, replay(items, policy, None))
     best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
     for dup in BAR_GRID["duplicate_bar"]:
         for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
-            pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
+            pol = replace(policy, judge_duplicate=dup, judge_keep=keep, judge_veto=0.0)
             m = figures(items, replay(items, pol, judged))
             if m["lost_information"] > alone["lost_information"]:
                 continue
-            correct = round(m["accuracy"] * m["cases"])
-            key = (correct, -m["lost_information"], dup, -keep)
+            key = (_correct(m), -m["lost_information"], dup, -keep)
             if best is None or key > best[0]:
-                best = (key, {"duplicate_bar": dup, "keep_bar": keep}, m)
+                best = (key, {"duplicate_bar": dup, "keep_bar": keep, "veto_bar": 0.0}, m)
     if best is None:  # every bar loses more than the rule: the judge only reports
-        return {"duplicate_bar": 1.0, "keep_bar": 0.0}, alone
-    return best[1], best[2]
+        bars, chosen = {"duplicate_bar": 1.0, "keep_bar": 0.0, "veto_bar": 0.0}, alone
+    else:
+        bars, chosen = best[1], best[2]
+    if updates is None:
+        return bars, chosen
+    top: tuple[tuple[float, ...], float, dict[str, Any]] | None = None
+    for veto in BAR_GRID["veto_bar"]:
+        pol = replace(
+            policy,
+            judge_duplicate=bars["duplicate_bar"],
+            judge_keep=bars["keep_bar"],
+            judge_veto=veto,
+        )
+        m = figures(items, replay(items, pol, judged, updates))
+        net = (_correct(m) - OVERWRITE_COST * m["wrongful_overwrites"], -veto)
+        if top is None or net > top[0]:
+            top = (net, veto, m)
+    assert top is not None
+    return {**bars, "veto_bar": top[1]}, top[2]
+
+
+def choose_queue(
+    items: Sequence[Captured],
+    review: Policy,
+    judged: Sequence[dict[str, float]],
+    updates: Sequence[dict[str, float]],
+    bars: dict[str, float],
+) -> tuple[float, dict[str, Any], dict[str, Any]]:
+    """The queue bar of :data:`BAR_GRID` for ``review`` (with the duplicate ``bars``): the most
+    true updates queued with the right target less adds and skips queued needlessly; ties to
+    the higher bar (fewer queued). Returns it, and review's measures by the rule alone and with
+    the judge at that bar."""
+    cases = [it.case for it in items]
+
+    def measures(preds: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**figures(items, preds), **review_measures(cases, preds)}
+
+    def net(m: dict[str, Any]) -> float:
+        right = (m["updates_queued_right_target"] or 0.0) * n_updates
+        needless = (m["adds_skips_queued"] or 0.0) * n_plain
+        return round(right - needless, 6)
+
+    expected = [c["expected"]["action"] for c in cases]
+    n_updates = expected.count("replace")
+    n_plain = expected.count("add") + expected.count("skip")
+    pol = replace(review, judge_duplicate=bars["duplicate_bar"], judge_keep=bars["keep_bar"])
+    best: tuple[tuple[float, float], float, dict[str, Any]] | None = None
+    for bar in BAR_GRID["queue_bar"]:
+        m = measures(replay(items, replace(pol, judge_queue=bar), judged, updates))
+        key = (net(m), bar)
+        if best is None or key > best[0]:
+            best = (key, bar, m)
+    assert best is not None
+    return best[1], measures(replay(items, review, None)), best[2]
 
 
 @dataclass(frozen=True)
@@ -253,6 +347,7 @@ class Fitted:
 def fit_judge(
     items: Sequence[Captured],
     strict: Policy,
+    review: Policy,
     models: dict[str, Any],
     sets: Sequence[dict[str, Any]],
     settings: BoostSettings | None = None,
@@ -266,18 +361,26 @@ def fit_judge(
     floor = REVIEW.floor
     log(f"cross-validating over {len({it.group for it in items})} sets ({len(items)} cases)")
     judged = out_of_fold(items, settings, floor, log)
-    bars, with_judge = choose_bars(items, strict, judged)
-    alone = figures(items, replay(items, strict, None))
-    _, x, y = _rows(items, floor)
+    _, x, labels = _rows(items, floor)
+    y, yu = labels["duplicate"], labels["update"]
     if not y.any():
         raise InvalidInput("the cases hold no duplicate (expected skip) to learn from")
+    updates = out_of_fold(items, settings, floor, log, "update") if yu.any() else None
+    bars, with_judge = choose_bars(items, strict, judged, updates)
+    alone = figures(items, replay(items, strict, None))
+    queue_bar, review_alone, review_judged = 1.0, None, None
+    if updates is not None:
+        queue_bar, review_alone, review_judged = choose_queue(items, review, judged, updates, bars)
     trees = fit(x, y, settings)
+    update_trees = fit(x, yu, settings) if updates is not None else None
     provenance = {
         "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sets": list(sets),
         "sets_given": given,
         "rows": int(len(y)),
         "duplicates": int(y.sum()),
+        "updates": int(yu.sum()),
+        "overwrite_cost": OVERWRITE_COST,
         "floor": floor,
         "settings": settings.__dict__,
         "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
@@ -285,9 +388,20 @@ def fit_judge(
             "folds": "leave one set out" if len({it.group for it in items}) >= 3 else "5 folds",
             "strict_rule_alone": alone,
             "strict_with_judge": with_judge,
+            "review_rule_alone": review_alone,
+            "review_with_judge": review_judged,
         },
     }
-    judge = Judge(trees, bars["duplicate_bar"], bars["keep_bar"], models, provenance)
+    judge = Judge(
+        trees,
+        bars["duplicate_bar"],
+        bars["keep_bar"],
+        models,
+        provenance,
+        updates=update_trees,
+        veto_bar=bars["veto_bar"] if update_trees is not None else 0.0,
+        queue_bar=queue_bar,
+    )
     return Fitted(judge, alone, with_judge)
 
 
@@ -317,6 +431,7 @@ def _up_to_date(
         dict(judge.models) == models
         and p.get("settings") == settings.__dict__
         and p.get("bar_grid") == {k: list(v) for k, v in BAR_GRID.items()}
+        and p.get("overwrite_cost") == OVERWRITE_COST
     )
     if not same:
         return ""
@@ -385,15 +500,35 @@ def command(args: Any, engine_settings: Any) -> int:
         )
         items = capture(g, sets)
         strict = dc_replace(policy_for("strict", g.nli, g.embedder), judge=True)
+        review = dc_replace(policy_for("review", g.nli, g.embedder), judge=True)
     log(f"captured in {time.perf_counter() - start:.0f} s")
-    fitted = fit_judge(items, strict, models, described, boost, log, given=given)
+    fitted = fit_judge(items, strict, review, models, described, boost, log, given=given)
     save_judge(path, fitted.judge)
     j = fitted.judge
     log(f"strict, rule alone:            {_line(fitted.rule_alone)}")
     log(f"strict, with the judge (CV):   {_line(fitted.with_judge)}")
-    log(f"bars: duplicate {j.duplicate_bar:.2f}, keep {j.keep_bar:.2f}")
+    cv = j.provenance["cross_validation"]
+    if cv.get("review_with_judge"):
+        for label, m in (
+            ("rule alone", cv["review_rule_alone"]),
+            ("with the judge (CV)", cv["review_with_judge"]),
+        ):
+            log(
+                f"review, {label}: updates queued with the right target "
+                f"{m['updates_queued_right_target']:.3f}, adds and skips queued "
+                f"{m['adds_skips_queued']:.3f}"
+            )
+    log(
+        f"bars: duplicate {j.duplicate_bar:.2f}, keep {j.keep_bar:.2f}, veto {j.veto_bar:.2f}, "
+        f"queue {j.queue_bar:.2f}"
+    )
     log(f"wrote {path} in {time.perf_counter() - start:.0f} s")
     if args.json:
-        bars = {"duplicate": j.duplicate_bar, "keep": j.keep_bar}
+        bars = {
+            "duplicate": j.duplicate_bar,
+            "keep": j.keep_bar,
+            "veto": j.veto_bar,
+            "queue": j.queue_bar,
+        }
         print(json.dumps({"path": str(path), "bars": bars, **j.provenance}), file=sys.stdout)
     return 0

@@ -89,6 +89,9 @@ class Candidate:
     duplicate: float | None = None
     """The duplicate judge's probability that the fact restates this memory
     (:mod:`engine.gate.judge`); None when not judged. In-process only (not on the wire)."""
+    update: float | None = None
+    """The judge's probability that the fact updates this memory (is its replacement), read
+    when the rule would replace it; None otherwise. In-process only (not on the wire)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +130,8 @@ class Decision:
         }
         if best is not None and best.duplicate is not None:
             record["duplicate"] = round(best.duplicate, 6)  # the duplicate judge's probability
+        if best is not None and best.update is not None:
+            record["update"] = round(best.update, 6)  # the judge's update probability
         return record
 
 

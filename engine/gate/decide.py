@@ -9,8 +9,9 @@ earlier fact's candidate id resolves to the id its memory got. The rules:
   namespace holds no active memory with that key, skipped when it repeats that memory's text,
   and replaces it otherwise (no model involved);
 * every other fact: the policy's rule (:func:`engine.gate.policy.decide`) over its candidates'
-  evidence (:mod:`engine.gate.weigh`), then the duplicate judge's amendment when the gate has
-  one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add).
+  evidence (:mod:`engine.gate.weigh`), then the judge's amendment when the gate has
+  one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add, a replace an add
+  or, under review-uncertain, a review).
 """
 
 from __future__ import annotations

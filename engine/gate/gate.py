@@ -128,7 +128,7 @@ class Gate(Generic[S, X]):
         self.nli = nli
         self.settings = settings or GateSettings()
         self.judge = judge
-        """The duplicate judge fitted for these models (:mod:`engine.gate.judge`), if any."""
+        """The judge fitted for these models (:mod:`engine.gate.judge`), if any."""
         self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
 
@@ -359,7 +359,7 @@ def policy_for(
     policy: Policy | str, nli: NLILike, embedder: EmbedderLike, judge: VerdictJudge | None = None
 ) -> Policy:
     """A named policy with the thresholds of these models (:mod:`engine.gate.thresholds`) and
-    the bars of their duplicate judge; a :class:`Policy` object is taken as it is."""
+    the bars of their judge; a :class:`Policy` object is taken as it is."""
     if not isinstance(policy, str):
         return policy
     pol = for_model(policy_by_name(policy), _model_name(nli))

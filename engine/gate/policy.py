@@ -135,17 +135,28 @@ class Policy:
     """Frame similarity (embedder cosine, subject and values out) that counts as the same
     attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
     judge: bool = True
-    """Let the duplicate judge fitted for the served models (:mod:`engine.gate.judge`, built by
+    """Let the judge fitted for the served models (:mod:`engine.gate.judge`, built by
     ``memgate models judge``) amend the rule: a fact the rule would add is skipped when one of
     the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's skip
-    the judge gives under ``judge_keep`` is stored as new. It never replaces, never queues.
-    Without a judge for the served models the rule decides alone."""
+    the judge gives under ``judge_keep`` is stored as new; a rule's replacement whose target the
+    judge gives an update probability under ``judge_veto`` is not made (strict adds,
+    review-uncertain queues); under a review policy, a fact the rule would add whose candidate
+    reaches ``judge_queue`` is queued. It never replaces where the rule did not. Without a judge
+    for the served models the rule decides alone."""
     judge_duplicate: float = 0.80
     """Duplicate probability at or above which the judge skips a fact the rule would add.
     Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
     judge_keep: float = 0.10
     """Duplicate probability below which the judge overturns a rule's skip (stores the fact).
     Belongs to the judge, like ``judge_duplicate``."""
+    judge_veto: float = 0.0
+    """Update probability (that the fact is the target's replacement) below which the judge
+    turns a rule's replacement away. 0 turns the veto off. Belongs to the judge, like
+    ``judge_duplicate``: chosen when it was fitted."""
+    judge_queue: float = 1.0
+    """Review policies: update probability at or above which a fact the rule would add is
+    queued for review with that candidate as the target (rule ``judged_update``). 1 turns it
+    off. Belongs to the judge, like ``judge_duplicate``."""
 
     def __post_init__(self) -> None:
         unit = (
@@ -163,6 +174,8 @@ class Policy:
             "attribute_margin",
             "judge_duplicate",
             "judge_keep",
+            "judge_veto",
+            "judge_queue",
         )
         for name in unit:
             value = getattr(self, name)

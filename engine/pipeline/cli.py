@@ -7,7 +7,7 @@
     memgate models list   [--cache-dir DIR]
     memgate models verify [--cache-dir DIR]      exit 1 when any artefact fails its hashes
     memgate models judge  [--cache-dir DIR] [--cases F.jsonl ...] [--nli NAME] ...
-                          fit the duplicate judge of the served models (engine.fit_judge)
+                          fit the judge of the served models (engine.fit_judge)
 
 The cache default (``$MEMGATE_HOME``, else ``~/.cache/memgate``) is the one of every command:
 :func:`engine.cli.common.default_cache_dir`. This module imports nothing heavy at import time.
@@ -69,8 +69,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
     judge = sub.add_parser(
         "judge",
-        help="fit the duplicate judge of the served models on labelled cases",
-        description="Fit the duplicate judge (engine.gate.judge) for the models the engine "
+        help="fit the judge (duplicates, update veto) of the served models on labelled cases",
+        description="Fit the judge (engine.gate.judge) for the models the engine "
         "serves with these flags, on labelled cases (default: this checkout's labelled sets), "
         "cross-validated; writes <cache>/judges/<embedder>+<nli>.json.",
     )
@@ -192,7 +192,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _judges(cache: Path) -> list[Path]:
-    """The duplicate judges' files under ``cache`` (``memgate models judge``), sorted."""
+    """The judges' files under ``cache`` (``memgate models judge``), sorted."""
     from engine.gate.judge.store import JUDGES_DIR
 
     root = cache / JUDGES_DIR

@@ -7,7 +7,7 @@
 with ``dry_run="true"``, so stored decisions are told apart from previews), and
 ``memgate_build_info{version,embedder,embedder_manifest,nli,nli_manifest,judge}`` (always 1;
 the manifest labels are the first 16 hex digits of each model's sealed ``manifest_sha256``, the
-judge label those of the duplicate judge's ``judge_sha256``, ``none`` without a judge).
+judge label those of the judge's ``judge_sha256``, ``none`` without a judge).
 The registry also carries the standard ``process_*`` (resident memory, CPU seconds, open file
 descriptors, start time) and ``python_info`` collectors, which a private registry does not get
 by itself. Exposed over HTTP by :meth:`Metrics.serve` on ``--metrics-port`` (0: off).
@@ -98,7 +98,7 @@ class Metrics:
         self.build_info = Gauge(
             "memgate_build_info",
             "Always 1: the memgate version and the sealed manifests of the models and the "
-            "duplicate judge served.",
+            "judge served.",
             ["version", "embedder", "embedder_manifest", "nli", "nli_manifest", "judge"],
             registry=r,
         )

@@ -1,4 +1,4 @@
-"""The duplicate judge: its boosted trees, its features, what it may change, and its file.
+"""The judge: its boosted trees, its features, what it may change, and its file.
 
 Pure logic and spaCy's parse; no model file (the judge is fitted here on synthetic rows)."""
 
@@ -17,7 +17,8 @@ from engine.gate.judge import Judge, amended
 from engine.gate.judge.boost import Boost, BoostSettings, fit
 from engine.gate.judge.features import FEATURES, JUDGED, features, judged
 from engine.gate.judge.store import find_judge, judge_path, load_judge, save_judge
-from engine.gate.policy import REVIEW, STRICT, Evidence, decide
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
+from engine.runtime.manifest import manifest_digest
 
 SMALL = BoostSettings(trees=30, max_leaves=4, min_leaf=5)
 
@@ -154,7 +155,7 @@ def test_a_rule_skip_the_judge_finds_new_is_stored() -> None:
     assert amended(v, {"m1": 0.5}, STRICT).action == "skip"
 
 
-def test_the_judge_never_touches_a_replace_or_a_review() -> None:
+def test_duplicate_probabilities_never_touch_a_replace_or_a_review() -> None:
     evs = [ev("m1", 0.80, 0.99, reverse_contradiction=0.99, subject="shared", attribute=0.9)]
     replace_v = _verdict(evs)
     assert replace_v.action == "replace"
@@ -162,6 +163,64 @@ def test_the_judge_never_touches_a_replace_or_a_review() -> None:
     review_v = _verdict(evs, REVIEW)
     assert review_v.action == "review"
     assert amended(review_v, {"m1": 0.99}, REVIEW) is review_v
+    # nor do update probabilities touch a review: the judge only holds a replacement back
+    assert amended(review_v, {}, replace(REVIEW, judge_veto=0.5), {"m1": 0.01}) is review_v
+
+
+def _conflict() -> list[Evidence]:
+    return [
+        ev("m1", 0.80, 0.99, reverse_contradiction=0.99, subject="shared", attribute=0.9),
+        ev("m2", 0.70, 0.02),
+    ]
+
+
+def test_a_replacement_the_judge_doubts_is_held_back() -> None:
+    strict = replace(STRICT, judge_veto=0.4)
+    v = _verdict(_conflict(), strict)
+    assert (v.action, v.target_id) == ("replace", "m1")
+    out = amended(v, {}, strict, {"m1": 0.25, "m2": 0.9})
+    # strict adds the fact beside the memory: a missed update, never an overwrite
+    assert (out.action, out.target_id, out.rule) == ("add", None, "judged_not_update")
+    cands = {c.memory_id: c for c in out.candidates}
+    assert cands["m1"].reason == "judged_not_update:0.25" and not cands["m1"].passed
+    assert cands["m1"].update == 0.25
+    # at or above the bar the rule's replacement stands, its target's probability reported
+    kept = amended(v, {}, strict, {"m1": 0.4})
+    assert (kept.action, kept.target_id, kept.rule) == ("replace", "m1", v.rule)
+    assert {c.memory_id: c.update for c in kept.candidates} == {"m1": 0.4, "m2": None}
+    # a target the judge did not read, a veto of 0, the judge off: the rule's verdict
+    assert amended(v, {}, strict, {"m2": 0.01}) is v
+    assert amended(v, {}, replace(strict, judge_veto=0.0), {"m1": 0.01}) is v
+    assert amended(v, {}, replace(strict, judge=False), {"m1": 0.01}) is v
+
+
+def test_a_review_policy_queues_an_add_the_judge_calls_an_update() -> None:
+    evs = [ev("m1", 0.82, 0.05), ev("m2", 0.70, 0.02)]
+    review = replace(REVIEW, judge_queue=0.7)
+    v = _verdict(evs, review)
+    assert v.action == "add"
+    out = amended(v, {"m1": 0.1, "m2": 0.2}, review, {"m1": 0.4, "m2": 0.75})
+    assert (out.action, out.target_id, out.rule) == ("review", "m2", "judged_update")
+    cands = {c.memory_id: c for c in out.candidates}
+    assert cands["m2"].reason == "judged_update:0.75" and cands["m2"].update == 0.75
+    assert cands["m1"].update == 0.4 and cands["m1"].duplicate == 0.1
+    # under the bar, or the bar at 1 (off): the rule's add
+    assert amended(v, {"m1": 0.1}, review, {"m1": 0.69}).action == "add"
+    assert amended(v, {"m1": 0.1}, replace(review, judge_queue=1.0), {"m1": 0.99}).action == "add"
+    # a duplicate wins over an update: the fact is skipped, not queued
+    both = amended(v, {"m1": 0.9}, replace(review, judge_duplicate=0.8), {"m1": 0.95})
+    assert (both.action, both.rule) == ("skip", "judged_duplicate")
+    # strict never queues what its rule adds
+    sv = _verdict(evs, replace(STRICT, judge_queue=0.5))
+    assert amended(sv, {"m1": 0.1}, replace(STRICT, judge_queue=0.5), {"m1": 0.99}).action == "add"
+
+
+def test_review_uncertain_queues_the_replacement_the_judge_holds_back() -> None:
+    pol = replace(REVIEW_UNCERTAIN, judge_veto=0.4)
+    v = _verdict(_conflict(), pol)
+    assert (v.action, v.target_id) == ("replace", "m1")
+    out = amended(v, {}, pol, {"m1": 0.1})
+    assert (out.action, out.target_id, out.rule) == ("review", "m1", "judged_not_update")
 
 
 def test_the_judge_is_off_when_the_policy_says_so() -> None:
@@ -170,13 +229,71 @@ def test_the_judge_is_off_when_the_policy_says_so() -> None:
     assert amended(v, {"m1": 0.99}, off) is v
 
 
-def _tiny_judge(bar: float = 0.5) -> Judge:
-    # column 0 is the similarity: the trees call a candidate a duplicate from 0.85 up
+def _tiny_judge(bar: float = 0.5, veto: float = 0.0, queue: float = 1.0) -> Judge:
+    # column 0 is the similarity: the trees call a candidate a duplicate from 0.85 up, and an
+    # update (its replacement) from 0.78 up
     x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.5, 1.0, 60)])
-    y = (x[:, 0] >= 0.85).astype(float)
-    trees = fit(x, y, BoostSettings(trees=20, max_leaves=2, min_leaf=3, learning_rate=0.5))
+    small = BoostSettings(trees=20, max_leaves=2, min_leaf=3, learning_rate=0.5)
+    trees = fit(x, (x[:, 0] >= 0.85).astype(float), small)
+    updates = fit(x, (x[:, 0] >= 0.78).astype(float), small) if veto or queue < 1 else None
     models = {"embedder": {"name": "e", "variant": "v", "model_sha256": "1"}, "nli": {}}
-    return Judge(trees, bar, 0.05, models, {"note": "synthetic"})
+    return Judge(
+        trees,
+        bar,
+        0.05,
+        models,
+        {"note": "synthetic"},
+        updates=updates,
+        veto_bar=veto,
+        queue_bar=queue,
+    )
+
+
+def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> None:
+    judge = _tiny_judge(veto=0.5)
+    pol = judge.policy(STRICT)
+    assert pol.judge_veto == 0.5
+    near = ev(
+        "m1",
+        0.82,
+        0.99,
+        "Dana lives in Leith.",
+        reverse_contradiction=0.99,
+        subject="shared",
+        attribute=0.9,
+    )
+    far = ev(
+        "m1",
+        0.66,
+        0.99,
+        "Dana lives in Leith.",
+        reverse_contradiction=0.99,
+        subject="shared",
+        attribute=0.9,
+    )
+    for e, action in ((near, "replace"), (far, "add")):
+        v = decide([e], pol)
+        assert v.action == "replace"
+        out = judge.amend(v, [e], "Dana lives in Portobello now.", pol)
+        assert out.action == action
+        assert out.candidates[0].update is not None
+    with pytest.raises(ValueError, match="update trees"):
+        replace(_tiny_judge(), veto_bar=0.3)
+    with pytest.raises(ValueError, match="update trees"):
+        replace(_tiny_judge(), queue_bar=0.8)
+
+
+def test_a_fitted_judge_queues_for_review_through_its_update_trees() -> None:
+    judge = _tiny_judge(bar=0.99, queue=0.5)
+    review = judge.policy(REVIEW)
+    assert review.judge_queue == 0.5
+    close = ev("m1", 0.82, 0.05, "Dana lives in Leith.")
+    v = decide([close], review)
+    assert v.action == "add"
+    out = judge.amend(v, [close], "Dana has moved to Portobello.", review)
+    assert (out.action, out.target_id, out.rule) == ("review", "m1", "judged_update")
+    strict = judge.policy(STRICT)
+    assert judge.amend(decide([close], strict), [close], "Dana moved.", strict).action == "add"
 
 
 def test_a_fitted_judge_amends_through_its_own_features() -> None:
@@ -217,6 +334,17 @@ def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path:
     assert back is not None and back.duplicate_bar == 0.7 and back.models == models
     x = np.random.default_rng(0).uniform(size=(5, len(FEATURES)))
     assert np.array_equal(back.probabilities(x), judge.probabilities(x))
+    assert back.updates is None and back.veto_bar == 0.0
+    # with update trees and a veto bar
+    written = replace(_tiny_judge(0.7, veto=0.3, queue=0.8), models=models)
+    save_judge(path, written)
+    vetoing = find_judge(tmp_path, emb, nli)
+    assert vetoing is not None and vetoing.veto_bar == 0.3 and vetoing.updates is not None
+    assert vetoing.queue_bar == 0.8
+    assert vetoing.policy(STRICT).judge_veto == 0.3
+    assert vetoing.policy(REVIEW).judge_queue == 0.8
+    assert written.updates is not None
+    assert np.array_equal(vetoing.updates.probability(x), written.updates.probability(x))
     # another graph of the same names: the judge does not apply to it
     assert find_judge(tmp_path, emb, _runtime("aegis-nli", "int8", "cc")) is None
     # no judge for other models at all
@@ -236,7 +364,26 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ModelError, match="not a memgate-judge"):
         load_judge(path)
-    from engine.runtime.manifest import manifest_digest
+
+    # an older engine's judge (format 1, no update trees) is refused by load, and skipped with
+    # a warning by the gate (an upgrade leaves one in the cache until `models judge` runs)
+    older = {k: v for k, v in body.items() if k not in ("update_trees", "veto_bar", "queue_bar")}
+    older["format"] = "memgate-judge/1"
+    older["judge_sha256"] = manifest_digest({k: v for k, v in older.items() if k != "judge_sha256"})
+    models = {
+        "embedder": {"name": "minilm", "variant": "fp32", "model_sha256": "aa"},
+        "nli": {"name": "aegis-nli", "variant": "int8", "model_sha256": "bb"},
+    }
+    old_path = judge_path(tmp_path, models["embedder"], models["nli"])
+    old_path.parent.mkdir(parents=True, exist_ok=True)
+    old_path.write_text(json.dumps({**older, "models": models}))
+    with pytest.raises(ModelError, match="not a memgate-judge/2"):
+        load_judge(old_path)
+    emb, nli = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
+    assert find_judge(tmp_path, emb, nli) is None
+    old_path.write_text("{damaged")
+    with pytest.raises(ModelError, match="unreadable"):
+        find_judge(tmp_path, emb, nli)
 
     other = {**body, "duplicate_bar": 0.8, "features": ["similarity"]}
     other["judge_sha256"] = manifest_digest({k: v for k, v in other.items() if k != "judge_sha256"})
@@ -262,7 +409,7 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
 
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
-    from engine.fit_judge import BAR_GRID, _up_to_date
+    from engine.fit_judge import BAR_GRID, OVERWRITE_COST, _up_to_date
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
@@ -275,6 +422,7 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
             "sets_given": given,
             "settings": settings.__dict__,
             "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
+            "overwrite_cost": OVERWRITE_COST,
         }
         judge = replace(_tiny_judge(), models=models, provenance=provenance)
         return save_judge(tmp_path / "judge.json", judge)

@@ -1,24 +1,37 @@
-"""The duplicate judge: a fitted model that tells a restatement from a new fact.
+"""The judge: fitted models that tell a restatement, and an update, from a look-alike.
 
 The rule (:mod:`engine.gate.policy`) recognises few duplicates on wording it was not tuned on
 (about a third of them across ten sets by ten authors): a paraphrase, a format change or a
 less specific restatement rarely meets its lexical tests, and the two-label offline NLI model
-has no entailment to read. The judge reads the same evidence as the rule, plus plain
-comparisons of the two parsed claims (:mod:`engine.gate.judge.features`), and gives each of the
-closest candidates the probability that the fact restates it: gradient-boosted trees
-(:mod:`engine.gate.judge.boost`) fitted on labelled cases with the served models' own outputs
-(``memgate models judge``), so it belongs to one embedder and NLI model, as thresholds do.
+has no entailment to read. And it replaces on a confident contradiction that is sometimes
+another attribute of the same subject, or the memory's sibling. The judge reads the same
+evidence as the rule, plus plain comparisons of the two parsed claims
+(:mod:`engine.gate.judge.features`), and gives each of the closest candidates two
+probabilities: that the fact restates it (``trees``), and that the fact updates it, i.e. is its
+replacement (``updates``). Both are gradient-boosted trees (:mod:`engine.gate.judge.boost`)
+fitted on labelled cases with the served models' own outputs (``memgate models judge``), so the
+judge belongs to one embedder and NLI model, as thresholds do.
 
 What it may change, and nothing else:
 
-* a fact the rule would **add** is **skipped** when a judged candidate's probability is at
-  least ``Policy.judge_duplicate`` (rule ``judged_duplicate``, that candidate the target);
-* a rule **skip** of a judged candidate whose probability is below ``Policy.judge_keep`` is
-  **added** instead (rule ``judged_new``): storing a duplicate loses nothing, skipping a new
-  fact loses it.
+* a fact the rule would **add** is **skipped** when a judged candidate's duplicate probability
+  is at least ``Policy.judge_duplicate`` (rule ``judged_duplicate``, that candidate the target);
+* a rule **skip** of a judged candidate whose duplicate probability is below
+  ``Policy.judge_keep`` is **added** instead (rule ``judged_new``): storing a duplicate loses
+  nothing, skipping a new fact loses it;
+* a rule **replace** whose target's update probability is below ``Policy.judge_veto`` is not
+  made (rule ``judged_not_update``): strict **adds** the fact beside the memory, a review
+  policy **queues** it for a human. A missed update leaves a stale fact that can be noticed; a
+  wrongful overwrite hides a true one;
+* under a **review** policy, a fact the rule would **add** (and the duplicate model does not
+  skip) is **queued** when a judged candidate's update probability reaches
+  ``Policy.judge_queue`` (rule ``judged_update``, that candidate the target): a human sees the
+  update the rule's evidence missed.
 
-It never replaces and never queues: a wrongful overwrite stays the rule's alone to prevent.
-Every judged candidate reports its probability (``Candidate.duplicate``).
+It never replaces where the rule did not: the replacements stay the rule's, the judge can only
+hold one back, or put one before a human. Every judged candidate
+reports its duplicate probability (``Candidate.duplicate``), a replacement's target its update
+probability (``Candidate.update``).
 
 The judge file is sealed like a model manifest (``judge_sha256``: the sha256 of its canonical
 JSON without the seal) and names the models it was fitted with; the gate loads it only for
@@ -39,7 +52,7 @@ from engine.gate.policy import Evidence, Policy, Verdict
 
 __all__ = ["FORMAT", "Judge", "VerdictJudge", "amended"]
 
-FORMAT = "memgate-judge/1"
+FORMAT = "memgate-judge/2"
 
 
 class VerdictJudge(Protocol):
@@ -55,9 +68,10 @@ class VerdictJudge(Protocol):
 
 @dataclass(frozen=True)
 class Judge:
-    """A fitted duplicate judge and the bars chosen with it."""
+    """A fitted judge and the bars chosen with it."""
 
     trees: Boost
+    """The duplicate model: probability that the fact restates a candidate."""
     duplicate_bar: float
     """Probability at or above which a candidate the rule would add beside is a duplicate; the
     named policies' ``judge_duplicate`` (chosen by cross-validation when fitted)."""
@@ -69,71 +83,139 @@ class Judge:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     """How it was fitted: the labelled sets and their sha256, the settings, the cross-validated
     figures. Shown, never used to decide."""
+    updates: Boost | None = None
+    """The update model: probability that the fact is a candidate's replacement (None: no
+    veto)."""
+    veto_bar: float = 0.0
+    """Update probability below which a rule's replacement is held back; the named policies'
+    ``judge_veto`` (0: none)."""
+    queue_bar: float = 1.0
+    """Update probability at or above which a review policy queues a fact the rule would add;
+    the named policies' ``judge_queue`` (1: none)."""
     seal: str = ""
     """The judge file's ``judge_sha256`` when loaded from one (empty for a judge in memory)."""
 
     def __post_init__(self) -> None:
-        if self.trees.n_features != len(FEATURES):
-            raise ValueError(
-                f"judge trees read {self.trees.n_features} features; this engine has "
-                f"{len(FEATURES)}"
-            )
-        for name in ("duplicate_bar", "keep_bar"):
+        for name, trees in (("duplicate", self.trees), ("update", self.updates)):
+            if trees is not None and trees.n_features != len(FEATURES):
+                raise ValueError(
+                    f"judge {name} trees read {trees.n_features} features; this engine has "
+                    f"{len(FEATURES)}"
+                )
+        for name in ("duplicate_bar", "keep_bar", "veto_bar", "queue_bar"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"judge {name} must be in [0, 1]")
+        if self.updates is None and (self.veto_bar > 0 or self.queue_bar < 1):
+            raise ValueError("judge veto_bar and queue_bar need update trees")
 
     def probabilities(self, rows: np.ndarray) -> np.ndarray:
         return self.trees.probability(rows)
 
     def policy(self, policy: Policy) -> Policy:
         """``policy`` with this judge's bars (a named policy runs with them)."""
-        return replace(policy, judge_duplicate=self.duplicate_bar, judge_keep=self.keep_bar)
+        return replace(
+            policy,
+            judge_duplicate=self.duplicate_bar,
+            judge_keep=self.keep_bar,
+            judge_veto=self.veto_bar,
+            judge_queue=self.queue_bar,
+        )
 
     def amend(
         self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
     ) -> Verdict:
         """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, or for a
-        replace or a review); ``evidence`` is every candidate the rule saw, ``fact`` the
-        fact's text."""
-        if not policy.judge or verdict.action not in ("add", "skip"):
+        review); ``evidence`` is every candidate the rule saw, ``fact`` the fact's text."""
+        action = verdict.action
+        if not policy.judge or action not in ("add", "skip", "replace"):
+            return verdict
+        has = self.updates is not None
+        veto = has and action == "replace" and policy.judge_veto > 0
+        queue = has and action == "add" and policy.mode == "review" and policy.judge_queue < 1
+        if action == "replace" and not veto:
             return verdict
         chosen, rows = features(evidence, fact, policy.floor)
         if not chosen:
             return verdict
+        ids = [e.memory_id for e in chosen]
+        update = None
+        if (veto or queue) and self.updates is not None:
+            update = dict(zip(ids, map(float, self.updates.probability(rows)), strict=True))
+        if action == "replace":
+            return amended(verdict, {}, policy, update)
         probs = self.probabilities(rows)
-        judged = {e.memory_id: float(p) for e, p in zip(chosen, probs, strict=True)}
-        return amended(verdict, judged, policy)
+        return amended(verdict, dict(zip(ids, map(float, probs), strict=True)), policy, update)
 
     def describe(self) -> str:
         emb, nli = self.models.get("embedder", {}), self.models.get("nli", {})
+        what = "duplicate and update judge" if self.updates is not None else "duplicate judge"
         return (
-            f"duplicate judge for {emb.get('name', '?')}/{emb.get('variant', '?')} + "
+            f"{what} for {emb.get('name', '?')}/{emb.get('variant', '?')} + "
             f"{nli.get('name', '?')}/{nli.get('variant', '?')}"
         )
 
 
-def amended(verdict: Verdict, duplicate: Mapping[str, float], policy: Policy) -> Verdict:
-    """``verdict`` amended by the judged candidates' duplicate probabilities (memory id ->
-    probability, most similar first): pure, so a fit can replay it over remembered verdicts."""
-    if not policy.judge or verdict.action not in ("add", "skip") or not duplicate:
+def amended(
+    verdict: Verdict,
+    duplicate: Mapping[str, float],
+    policy: Policy,
+    update: Mapping[str, float] | None = None,
+) -> Verdict:
+    """``verdict`` amended by the judged candidates' duplicate probabilities and, for a
+    replacement, update probabilities (memory id -> probability, most similar first): pure, so
+    a fit can replay it over remembered verdicts."""
+    if not policy.judge:
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule
     note: dict[str, str] = {}
+    if action == "replace":
+        if not update or policy.judge_veto <= 0 or target is None or target not in update:
+            return verdict  # a target the judge did not read (below the floor, a keyed fact)
+        if update[target] >= policy.judge_veto:
+            return _noted(verdict, {}, {target: update[target]}, note)
+        note[target] = f"judged_not_update:{update[target]:.2f}"
+        rule = "judged_not_update"
+        if policy.mode == "review":
+            action = "review"
+        else:
+            action, target = "add", None
+        return _noted(Verdict(action, target, rule, verdict.candidates), {}, update, note)
+    if action not in ("add", "skip") or not duplicate:
+        return verdict
+    queue = action == "add" and policy.mode == "review" and policy.judge_queue < 1 and update
     if action == "add":
         best = max(duplicate, key=lambda k: duplicate[k])  # the first of equals: most similar
         if duplicate[best] >= policy.judge_duplicate:
             action, target, rule = "skip", best, "judged_duplicate"
             note[best] = f"judged_duplicate:{duplicate[best]:.2f}"
+        elif queue and update:
+            likely = max(update, key=lambda k: update[k])
+            if update[likely] >= policy.judge_queue:
+                action, target, rule = "review", likely, "judged_update"
+                note[likely] = f"judged_update:{update[likely]:.2f}"
     elif target is not None and target in duplicate and duplicate[target] < policy.judge_keep:
         note[target] = f"judged_new:{duplicate[target]:.2f}"
         action, target, rule = "add", None, "judged_new"
+    shown = update if queue and update else {}
+    return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, shown, note)
+
+
+def _noted(
+    verdict: Verdict,
+    duplicate: Mapping[str, float],
+    update: Mapping[str, float],
+    note: Mapping[str, str],
+) -> Verdict:
+    """``verdict`` with the judged probabilities on its candidates, and the judge's reason on
+    those whose outcome it changed (which then did not pass)."""
     cands = tuple(
         replace(
             c,
-            duplicate=duplicate.get(c.memory_id),
+            duplicate=duplicate.get(c.memory_id, c.duplicate),
+            update=update.get(c.memory_id, c.update),
             reason=note.get(c.memory_id, c.reason),
             passed=False if c.memory_id in note else c.passed,
         )
         for c in verdict.candidates
     )
-    return Verdict(action, target, rule, cands)
+    return Verdict(verdict.action, verdict.target_id, verdict.rule, cands)

@@ -67,6 +67,9 @@ def save_judge(path: Path, judge: Judge) -> Path:
         "models": dict(judge.models),
         "provenance": dict(judge.provenance),
         "trees": judge.trees.to_dict(),
+        "update_trees": None if judge.updates is None else judge.updates.to_dict(),
+        "veto_bar": judge.veto_bar,
+        "queue_bar": judge.queue_bar,
     }
     body[SEAL] = manifest_digest({k: v for k, v in body.items() if k != SEAL})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +98,9 @@ def load_judge(path: Path) -> Judge:
             Boost.from_dict(body["trees"]),
             duplicate_bar=float(body["duplicate_bar"]),
             keep_bar=float(body["keep_bar"]),
+            updates=None if body["update_trees"] is None else Boost.from_dict(body["update_trees"]),
+            veto_bar=float(body["veto_bar"]),
+            queue_bar=float(body["queue_bar"]),
             models=body.get("models") or {},
             provenance=body.get("provenance") or {},
             seal=str(body[SEAL]),
@@ -110,15 +116,39 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
     emb, cls = model_identity(embedder), model_identity(nli)
     path = judge_path(cache_dir, emb, cls)
     if not path.is_file():
-        log.info("no duplicate judge at %s: the rule decides alone", path)
+        log.info("no judge at %s: the rule decides alone", path)
+        return None
+    if _older_format(path):
+        log.warning(
+            "judge %s was written by an older engine (not %s): not used; fit it again with "
+            "`memgate models judge` (make models)",
+            path,
+            FORMAT,
+        )
         return None
     judge = load_judge(path)
     fitted = (judge.models.get("embedder"), judge.models.get("nli"))
     if fitted != (emb, cls):
         log.warning(
-            "duplicate judge %s was fitted with other model graphs (rebuilt since?): not used; "
+            "judge %s was fitted with other model graphs (rebuilt since?): not used; "
             "fit it again with `memgate models judge`",
             path,
         )
         return None
     return judge
+
+
+def _older_format(path: Path) -> bool:
+    """True for a readable judge file of an earlier ``memgate-judge/N`` format (an upgrade
+    leaves one in the cache): skipped with a warning, where a damaged file is refused."""
+    try:
+        body = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    fmt = body.get("format") if isinstance(body, dict) else None
+    if not isinstance(fmt, str) or not fmt.startswith("memgate-judge/") or fmt == FORMAT:
+        return False
+    try:
+        return int(fmt.rsplit("/", 1)[1]) < int(FORMAT.rsplit("/", 1)[1])
+    except ValueError:
+        return False
