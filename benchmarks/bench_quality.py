@@ -1,4 +1,4 @@
-"""Gate quality on labelled sets side by side: dev, heldout, heldout-2 to -8, per policy.
+"""Gate quality on labelled sets side by side: dev, heldout, heldout-2 to -16, per policy.
 
 For every configuration and every set, each case runs in its own namespace (memories stored as
 they are, the incoming fact triaged as a dry run: ``engine.evaluate``, what ``memgate eval``
@@ -11,7 +11,7 @@ on the first set (the one the thresholds may be tuned on), then the chosen setti
 other set. The CV estimate is reported beside the held-out figures, so the optimism of the
 in-sample figures shows.
 
-    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2 to -8)
+    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2 to -16)
     python benchmarks/bench_quality.py --cases FILE.jsonl  # another first set
     python benchmarks/bench_quality.py --sets none         # the first set only
     python benchmarks/bench_quality.py --fit none          # no fitted setting
@@ -59,6 +59,10 @@ HELDOUT_SETS = {
     "heldout-10": DATA / "heldout10.jsonl",
     "heldout-11": DATA / "heldout11.jsonl",
     "heldout-12": DATA / "heldout12.jsonl",
+    "heldout-13": DATA / "heldout13.jsonl",
+    "heldout-14": DATA / "heldout14.jsonl",
+    "heldout-15": DATA / "heldout15.jsonl",
+    "heldout-16": DATA / "heldout16.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

@@ -54,6 +54,8 @@ HELD_OUT = (
     "heldout-12",
     "heldout-13",
     "heldout-14",
+    "heldout-15",
+    "heldout-16",
 )
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],

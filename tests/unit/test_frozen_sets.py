@@ -1,4 +1,4 @@
-"""heldout4 to heldout14.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout16.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -27,6 +27,8 @@ FROZEN = [
     ("heldout12", "h12", "dd11c68a8f873c258d57e1a950d1f824e661db0871883cc853bc39b8288b5f72", 34),
     ("heldout13", "h13", "6ca32972783110254f6762ee3e616ccf90081b22c880e5bcc28fe1ca2f225b08", 34),
     ("heldout14", "h14", "71788189f62c2ae864fd8edba60250cc44107ca5bbe61eca768e3d7a4be91c79", 34),
+    ("heldout15", "h15", "fd27d1a57d0f16c08e5e57f08b7f33d2a2d1d4b237e5e80869a33c9b7f0ddbc9", 36),
+    ("heldout16", "h16", "e6c1367c95a7989b76aa2665d2f4dfeeb0a21960423a4090b36274714c5a3c42", 36),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]

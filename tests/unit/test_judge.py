@@ -409,7 +409,7 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
 
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
-    from engine.fit_judge import BAR_GRID, OVERWRITE_COST, _up_to_date
+    from engine.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
@@ -423,6 +423,7 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
             "settings": settings.__dict__,
             "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
             "overwrite_cost": OVERWRITE_COST,
+            "queue_budget": QUEUE_BUDGET,
         }
         judge = replace(_tiny_judge(), models=models, provenance=provenance)
         return save_judge(tmp_path / "judge.json", judge)
