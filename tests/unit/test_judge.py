@@ -16,7 +16,7 @@ from engine.errors import ModelError
 from engine.gate.judge import Judge, amended
 from engine.gate.judge.boost import Boost, BoostSettings, fit
 from engine.gate.judge.features import FEATURES, JUDGED, features, judged
-from engine.gate.judge.store import find_judge, judge_path, load_judge, save_judge
+from engine.gate.judge.store import OlderJudge, find_judge, judge_path, load_judge, save_judge
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
 from engine.runtime.manifest import manifest_digest
 
@@ -377,10 +377,17 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     old_path = judge_path(tmp_path, models["embedder"], models["nli"])
     old_path.parent.mkdir(parents=True, exist_ok=True)
     old_path.write_text(json.dumps({**older, "models": models}))
-    with pytest.raises(ModelError, match="not a memgate-judge/2"):
+    with pytest.raises(OlderJudge, match=r"older engine \(memgate-judge/1, not memgate-judge/2\)"):
         load_judge(old_path)
+    assert issubclass(OlderJudge, ModelError)  # `models verify` still fails it
     emb, nli = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
     assert find_judge(tmp_path, emb, nli) is None
+    # a later format than this engine's is not "older": refused like any foreign file
+    newer = {**older, "format": "memgate-judge/9", "models": models}
+    newer["judge_sha256"] = manifest_digest({k: v for k, v in newer.items() if k != "judge_sha256"})
+    old_path.write_text(json.dumps(newer))
+    with pytest.raises(ModelError, match="not a memgate-judge/2"):
+        find_judge(tmp_path, emb, nli)
     old_path.write_text("{damaged")
     with pytest.raises(ModelError, match="unreadable"):
         find_judge(tmp_path, emb, nli)

@@ -182,22 +182,21 @@ def amended(
         return _noted(Verdict(action, target, rule, verdict.candidates), {}, update, note)
     if action not in ("add", "skip") or not duplicate:
         return verdict
-    queue = action == "add" and policy.mode == "review" and policy.judge_queue < 1 and update
+    queue = update if action == "add" and policy.mode == "review" and policy.judge_queue < 1 else {}
     if action == "add":
         best = max(duplicate, key=lambda k: duplicate[k])  # the first of equals: most similar
         if duplicate[best] >= policy.judge_duplicate:
             action, target, rule = "skip", best, "judged_duplicate"
             note[best] = f"judged_duplicate:{duplicate[best]:.2f}"
-        elif queue and update:
-            likely = max(update, key=lambda k: update[k])
-            if update[likely] >= policy.judge_queue:
+        elif queue:
+            likely = max(queue, key=lambda k: queue[k])
+            if queue[likely] >= policy.judge_queue:
                 action, target, rule = "review", likely, "judged_update"
-                note[likely] = f"judged_update:{update[likely]:.2f}"
+                note[likely] = f"judged_update:{queue[likely]:.2f}"
     elif target is not None and target in duplicate and duplicate[target] < policy.judge_keep:
         note[target] = f"judged_new:{duplicate[target]:.2f}"
         action, target, rule = "add", None, "judged_new"
-    shown = update if queue and update else {}
-    return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, shown, note)
+    return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, queue or {}, note)
 
 
 def _noted(

@@ -25,6 +25,7 @@ from engine.runtime.manifest import manifest_digest
 
 __all__ = [
     "JUDGES_DIR",
+    "OlderJudge",
     "SEAL",
     "find_judge",
     "judge_path",
@@ -78,13 +79,27 @@ def save_judge(path: Path, judge: Judge) -> Path:
     return path
 
 
+class OlderJudge(ModelError):
+    """A sound judge file of an earlier ``memgate-judge/N`` format (an upgrade leaves one in
+    the cache): the gate skips it with a warning, where a damaged file stops the engine."""
+
+
+def _older(fmt: str) -> bool:
+    name, _, version = fmt.rpartition("/")
+    mine = FORMAT.rpartition("/")
+    return name == mine[0] and version.isdigit() and int(version) < int(mine[2])
+
+
 def load_judge(path: Path) -> Judge:
     """Read and verify a judge file; any problem is a :class:`ModelError` naming it."""
     try:
         body = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ModelError(f"judge {path}: unreadable ({exc})") from None
-    if not isinstance(body, dict) or body.get("format") != FORMAT:
+    fmt = body.get("format") if isinstance(body, dict) else None
+    if fmt != FORMAT:
+        if isinstance(fmt, str) and _older(fmt):
+            raise OlderJudge(f"judge {path}: written by an older engine ({fmt}, not {FORMAT})")
         raise ModelError(f"judge {path}: not a {FORMAT} file")
     if body.get(SEAL) != manifest_digest({k: v for k, v in body.items() if k != SEAL}):
         raise ModelError(f"judge {path}: its seal does not match its contents (edited?)")
@@ -118,15 +133,11 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
     if not path.is_file():
         log.info("no judge at %s: the rule decides alone", path)
         return None
-    if _older_format(path):
-        log.warning(
-            "judge %s was written by an older engine (not %s): not used; fit it again with "
-            "`memgate models judge` (make models)",
-            path,
-            FORMAT,
-        )
+    try:
+        judge = load_judge(path)
+    except OlderJudge as exc:  # an upgrade left it: the rule decides until `make models`
+        log.warning("%s: not used; fit it again with `memgate models judge`", exc)
         return None
-    judge = load_judge(path)
     fitted = (judge.models.get("embedder"), judge.models.get("nli"))
     if fitted != (emb, cls):
         log.warning(
@@ -136,19 +147,3 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
         )
         return None
     return judge
-
-
-def _older_format(path: Path) -> bool:
-    """True for a readable judge file of an earlier ``memgate-judge/N`` format (an upgrade
-    leaves one in the cache): skipped with a warning, where a damaged file is refused."""
-    try:
-        body = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    fmt = body.get("format") if isinstance(body, dict) else None
-    if not isinstance(fmt, str) or not fmt.startswith("memgate-judge/") or fmt == FORMAT:
-        return False
-    try:
-        return int(fmt.rsplit("/", 1)[1]) < int(FORMAT.rsplit("/", 1)[1])
-    except ValueError:
-        return False
