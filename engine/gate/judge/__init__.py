@@ -161,16 +161,17 @@ def amended(
     policy: Policy,
     update: Mapping[str, float] | None = None,
 ) -> Verdict:
-    """``verdict`` amended by the judged candidates' duplicate probabilities and, for a
-    replacement, update probabilities (memory id -> probability, most similar first): pure, so
-    a fit can replay it over remembered verdicts."""
+    """``verdict`` amended by the judged candidates' duplicate probabilities and update
+    probabilities (memory id -> probability, most similar first; the update ones read for a
+    replacement's veto and a review's queue): pure, so a fit can replay it over remembered
+    verdicts."""
     if not policy.judge:
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule
     note: dict[str, str] = {}
     if action == "replace":
         if not update or policy.judge_veto <= 0 or target is None or target not in update:
-            return verdict  # a target the judge did not read (below the floor, a keyed fact)
+            return verdict  # a target the judge did not read (below the floor, not closest)
         if update[target] >= policy.judge_veto:
             return _noted(verdict, {}, {target: update[target]}, note)
         note[target] = f"judged_not_update:{update[target]:.2f}"
