@@ -82,6 +82,17 @@ def clear_gate_caches() -> int:
     return cleared
 
 
+def ms_per_fact(p: Any, phase: str | None = None) -> float:
+    """A pass's (``bench_gate.Pass``) milliseconds per fact, in all or in one ``phase``."""
+    seconds = p.seconds if phase is None else p.phases.get(phase, 0.0)
+    return 1000 * seconds / p.facts
+
+
+def per_round(passes: dict[str, list[Any]], phase: str | None = None) -> dict[str, list[float]]:
+    """Each arm's ms per fact (or ``phase``'s), one value per round of :func:`cleared_passes`."""
+    return {arm: [ms_per_fact(p, phase) for p in ps] for arm, ps in passes.items()}
+
+
 def cleared_passes(
     arms: dict[str, Callable[[], Any]], rounds: int, label: str, phase: str
 ) -> dict[str, list[Any]]:
@@ -97,8 +108,8 @@ def cleared_passes(
             p = arms[arm]()
             passes[arm].append(p)
             print(
-                f"  {label} round {r + 1} {arm}: {1000 * p.seconds / p.facts:.1f} ms/fact, "
-                f"{phase} {1000 * p.phases.get(phase, 0.0) / p.facts:.2f}",
+                f"  {label} round {r + 1} {arm}: {ms_per_fact(p):.1f} ms/fact, "
+                f"{phase} {ms_per_fact(p, phase):.2f}",
                 flush=True,
             )
     return passes

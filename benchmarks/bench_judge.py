@@ -34,7 +34,7 @@ ARMS = ("rule alone", "rule + judge")
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from bench_gate import memgate_pass, one_namespace
-    from bench_gate_cost import cleared_passes
+    from bench_gate_cost import cleared_passes, per_round
 
     from engine.gate.gate import Gate
     from engine.gate.judge.store import find_judge
@@ -70,11 +70,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"N = {n:,}",
                 "decide",
             )
-            per_fact = {a: [1000 * p.seconds / p.facts for p in ps] for a, ps in passes.items()}
-            decide = {
-                a: [1000 * p.phases.get("decide", 0.0) / p.facts for p in ps]
-                for a, ps in passes.items()
-            }
+            per_fact, decide = per_round(passes), per_round(passes, "decide")
             actions = {a: dict(sorted(ps[0].actions.items())) for a, ps in passes.items()}
             rows.append(
                 {

@@ -31,7 +31,7 @@ ARMS = ("batched", "one by one")
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from bench_gate import memgate_pass, one_namespace
-    from bench_gate_cost import cleared_passes
+    from bench_gate_cost import cleared_passes, per_round
 
     from engine.gate.claims import nlp
     from engine.gate.gate import Gate
@@ -69,11 +69,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"N = {n:,}",
                 "identify",
             )
-            per_fact = {a: [1000 * p.seconds / p.facts for p in ps] for a, ps in passes.items()}
-            identify = {
-                a: [1000 * p.phases.get("identify", 0.0) / p.facts for p in ps]
-                for a, ps in passes.items()
-            }
+            per_fact, identify = per_round(passes), per_round(passes, "identify")
             decisions = {a: sorted(ps[0].actions.items()) for a, ps in passes.items()}
             rows.append(
                 {

@@ -38,7 +38,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.app import EngineSettings, open_engine
     from engine.evaluate import load_cases
-    from engine.fit_judge import capture, choose_bars, choose_queue, default_sets, figures, replay
+    from engine.fit_judge import (
+        capture,
+        choose_bars,
+        choose_queue,
+        default_sets,
+        figures,
+        labelled_rows,
+        replay,
+    )
     from engine.fit_judge import out_of_fold as oof
     from engine.gate.gate import policy_for
     from engine.gate.judge.boost import BoostSettings
@@ -68,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
             model = eng.gate.nli.manifest.describe()
     print(f"captured {len(items)} cases in {time.perf_counter() - start:.0f} s ({model})")
     boost = BoostSettings(trees=3 if args.smoke else args.trees)
-    judged = oof(items, boost, REVIEW.floor, lambda line: print(line, flush=True))
-    updates = oof(items, boost, REVIEW.floor, lambda line: print(line, flush=True), "update")
+    rows = labelled_rows(items, REVIEW.floor)
+    judged = oof(items, rows, boost, lambda line: print(line, flush=True))
+    updates = oof(items, rows, boost, lambda line: print(line, flush=True), "update")
 
     rows, per_set = [], []
     totals: dict[str, list[dict[str, Any]]] = {"alone": [], "judge": []}

@@ -70,6 +70,7 @@ __all__ = [
     "default_sets",
     "figures",
     "fit_judge",
+    "labelled_rows",
     "out_of_fold",
     "replay",
 ]
@@ -160,9 +161,11 @@ def capture(gate: Any, sets: Sequence[tuple[str, list[dict[str, Any]]]]) -> list
     return out
 
 
-def _rows(
-    items: Sequence[Captured], floor: float
-) -> tuple[list[list[str]], np.ndarray, dict[str, np.ndarray]]:
+Rows = tuple[list[list[str]], np.ndarray, dict[str, np.ndarray]]
+"""Judged memory ids per case, the stacked feature rows, and their labels by name."""
+
+
+def labelled_rows(items: Sequence[Captured], floor: float) -> Rows:
     """Judged memory ids per case, the stacked feature rows, and their labels: ``duplicate``
     (the fact restates this memory) and ``update`` (the fact replaces it)."""
     ids, xs = [], []
@@ -189,14 +192,15 @@ def _folds(items: Sequence[Captured]) -> list[list[int]]:
 
 def out_of_fold(
     items: Sequence[Captured],
+    rows: Rows,
     settings: BoostSettings,
-    floor: float,
     log: Callable[[str], None],
     label: str = "duplicate",
 ) -> list[dict[str, float]]:
     """Per case, memory id -> probability of ``label`` (``duplicate`` or ``update``) from trees
-    fitted without its fold."""
-    ids, x, labels = _rows(items, floor)
+    fitted without its fold; ``rows`` are the items' :func:`labelled_rows` (computed once for
+    both labels)."""
+    ids, x, labels = rows
     y = labels[label]
     case_of = np.repeat(np.arange(len(items)), [len(i) for i in ids])
     probs = np.zeros(len(y))
@@ -276,7 +280,7 @@ def choose_bars(
     best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
     for dup in BAR_GRID["duplicate_bar"]:
         for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
-            pol = replace(policy, judge_duplicate=dup, judge_keep=keep, judge_veto=0.0)
+            pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
             m = figures(items, replay(items, pol, judged))
             if m["lost_information"] > alone["lost_information"]:
                 continue
@@ -362,12 +366,13 @@ def fit_judge(
     settings = settings or BoostSettings()
     floor = REVIEW.floor
     log(f"cross-validating over {len({it.group for it in items})} sets ({len(items)} cases)")
-    judged = out_of_fold(items, settings, floor, log)
-    _, x, labels = _rows(items, floor)
+    rows = labelled_rows(items, floor)
+    _, x, labels = rows
     y, yu = labels["duplicate"], labels["update"]
     if not y.any():
         raise InvalidInput("the cases hold no duplicate (expected skip) to learn from")
-    updates = out_of_fold(items, settings, floor, log, "update") if yu.any() else None
+    judged = out_of_fold(items, rows, settings, log)
+    updates = out_of_fold(items, rows, settings, log, "update") if yu.any() else None
     bars, with_judge = choose_bars(items, strict, judged, updates)
     alone = figures(items, replay(items, strict, None))
     queue_bar, review_alone, review_judged = 1.0, None, None
