@@ -57,6 +57,7 @@ __all__ = [
     "choose",
     "cross_validate",
     "default_grid",
+    "judge_grid",
     "folds",
     "model_provenance",
     "objective_for",
@@ -66,6 +67,7 @@ __all__ = [
     "summary",
     "sweep",
     "table",
+    "within",
 ]
 
 SAFER: dict[str, int] = {
@@ -81,14 +83,24 @@ SAFER: dict[str, int] = {
     "key_ambiguity_margin": 1,
     "dominance_margin": -1,
     "partial_values": -1,
+    "judge_veto": 1,
+    "judge_queue": 1,
 }
 """+1: a higher value replaces less (safer); -1: a lower one does (a smaller dominance margin
 lets a more similar, non-conflicting memory veto the replacement more often; fewer values left
-standing send more multi-value memories to review). Fields not listed
+standing send more multi-value memories to review). A higher ``judge_veto`` holds more
+replacements back; a higher ``judge_queue`` asks a reviewer for less. Fields not listed
 count higher as safer."""
 
 _NOT_SWEPT = {"name", "mode"}
 DEFAULT_FIELDS = ("floor", "contradiction", "key_match_contradiction")
+JUDGE_FIELDS = ("judge_veto", "judge_queue")
+"""The judge's bars the default grid sweeps when the served models have a judge with update
+trees (:func:`judge_grid`): the veto where the policy replaces, the queue where it reviews.
+Its duplicate bars are not swept: no objective here weighs duplicates."""
+DEFAULT_MAX_NEEDLESS = 0.10
+"""The share of adds and skips a review setting may queue (``--max-needless``): issue 12's
+bound on a reviewer's wasted work."""
 
 
 # -- the grid -------------------------------------------------------------------------------------
@@ -168,11 +180,31 @@ def default_grid(base: Policy) -> dict[str, list[float]]:
     }
 
 
-def parse_grid(specs: Sequence[str], base: Policy, *, defaults: bool = True) -> Grid:
+def judge_grid(base: Policy, judge: Any) -> dict[str, list[float]]:
+    """The served judge's bars over their useful range, each holding the base's own value (its
+    fitted bar): ``judge_veto`` when ``base`` can replace (strict, review-uncertain),
+    ``judge_queue`` when it reviews. Empty without a judge with update trees, or with
+    ``base.judge`` off: then those bars change nothing."""
+    if judge is None or getattr(judge, "updates", None) is None or not base.judge:
+        return {}
+    out: dict[str, list[float]] = {}
+    if base.mode == "replace" or base.review_scope == "uncertain":
+        out["judge_veto"] = sorted({0.0, 0.3, 0.6, base.judge_veto})
+    if base.mode == "review":
+        out["judge_queue"] = sorted({0.6, 0.8, 1.0, base.judge_queue})
+    return out
+
+
+def parse_grid(
+    specs: Sequence[str], base: Policy, *, defaults: bool = True, judge: Any = None
+) -> Grid:
     """``name=values`` specs over the default grid (a named field replaces its default values;
-    other numeric fields are added). Every value is validated like an override."""
+    other numeric fields are added). Every value is validated like an override. With the
+    served ``judge``, the default grid adds its bars (:func:`judge_grid`)."""
     numeric = _numeric_fields(base)
-    chosen: dict[str, list[float]] = dict(default_grid(base)) if defaults else {}
+    chosen: dict[str, list[float]] = (
+        {**default_grid(base), **judge_grid(base, judge)} if defaults else {}
+    )
     for spec in specs:
         name, sep, values = spec.partition("=")
         name = name.strip()
@@ -188,9 +220,8 @@ def parse_grid(specs: Sequence[str], base: Policy, *, defaults: bool = True) -> 
     for name, vals in chosen.items():
         for v in vals:
             base.with_overrides({name: int(v) if numeric[name] is int else v})
-    order = [n for n in DEFAULT_FIELDS if n in chosen] + [
-        n for n in chosen if n not in DEFAULT_FIELDS
-    ]
+    first = (*DEFAULT_FIELDS, *JUDGE_FIELDS)
+    order = [n for n in first if n in chosen] + [n for n in chosen if n not in first]
     size = math.prod(len(chosen[n]) for n in order)
     if size > 5000:
         raise InvalidInput(f"the grid has {size} settings; at most 5000")
@@ -352,6 +383,13 @@ def objective_for(policy: Policy) -> str:
     return "updates_handled" if policy.mode == "review" else "update_recall"
 
 
+def within(m: Mapping[str, Any], max_wrongful: int, max_needless: float | None = None) -> bool:
+    """Whether a setting's figures ``m`` (:func:`summary`) are within the bounds."""
+    if m["wrongful_overwrites"] > max_wrongful:
+        return False
+    return max_needless is None or _recall(m, "adds_skips_queued") <= max_needless + 1e-12
+
+
 def choose(
     grid: Grid,
     trials: Sequence[Trial],
@@ -359,18 +397,20 @@ def choose(
     max_wrongful: int = 0,
     subset: Sequence[int] | None = None,
     objective: str = "update_recall",
+    max_needless: float | None = None,
 ) -> int | None:
     """Index of the chosen trial judged on ``cases`` (or their ``subset``), or None when no
-    setting has at most ``max_wrongful`` wrongful overwrites there. Maximises ``objective``
-    (:data:`OBJECTIVES`); ties go to fewer wrongful overwrites, then (``updates_handled``)
-    fewer adds and skips queued, then to the safer setting."""
+    setting is within the bounds there: at most ``max_wrongful`` wrongful overwrites and, when
+    given, at most ``max_needless`` of the adds and skips queued for review. Maximises
+    ``objective`` (:data:`OBJECTIVES`); ties go to fewer wrongful overwrites, then
+    (``updates_handled``) fewer adds and skips queued, then to the safer setting."""
     idx = list(range(len(cases))) if subset is None else list(subset)
     on = [cases[i] for i in idx]
     best: tuple[Any, ...] | None = None
     chosen = None
     for n, trial in enumerate(trials):
         m = summary(on, [trial.predictions[i] for i in idx])
-        if m["wrongful_overwrites"] > max_wrongful:
+        if not within(m, max_wrongful, max_needless):
             continue
         needless = _recall(m, "adds_skips_queued") if objective == "updates_handled" else 0.0
         key = (
@@ -423,6 +463,7 @@ def cross_validate(
     k: int = 5,
     seed: int = 0,
     objective: str = "update_recall",
+    max_needless: float | None = None,
 ) -> CrossValidation:
     parts = folds(cases, k, seed)
     safest = max(range(len(trials)), key=lambda n: grid.safety(trials[n].setting))
@@ -433,7 +474,7 @@ def cross_validate(
         train = [i for i in range(len(cases)) if i not in held_set]
         # A bound of N overwrites on all cases is N x (k-1)/k on the training folds; keep the
         # user's N (rounding down would forbid what they allowed).
-        pick = choose(grid, trials, cases, max_wrongful, train, objective)
+        pick = choose(grid, trials, cases, max_wrongful, train, objective, max_needless)
         use = safest if pick is None else pick
         trial = trials[use]
         for i in held:
@@ -469,15 +510,21 @@ def table(
     *,
     mark: int | None = None,
     limit: int = 0,
+    objective: str = "update_recall",
 ) -> str:
     """Settings and their figures, the safest-scoring first (fewest wrongful overwrites, then
-    highest update recall); ``mark`` (an index into ``rows``) gets a ``*``."""
+    the highest ``objective``); ``mark`` (an index into ``rows``) gets a ``*``. Under the
+    review objective two more columns: the updates handled and the adds and skips queued."""
+    review = objective == "updates_handled"
     heads = [*grid.fields, "wrongful overwrites", "update recall", "accuracy", "review rate"]
+    if review:
+        heads += ["updates handled", "queued needlessly"]
     order = sorted(
         range(len(rows)),
         key=lambda n: (
             rows[n][1]["wrongful_overwrites"],
-            -_recall(rows[n][1]),
+            -_recall(rows[n][1], objective),
+            _recall(rows[n][1], "adds_skips_queued") if review else 0.0,
             -rows[n][1]["accuracy"],
         ),
     )
@@ -492,6 +539,11 @@ def table(
             _f(rows[n][1]["update_recall"]),
             _f(rows[n][1]["accuracy"]),
             _f(rows[n][1]["review_rate"]),
+            *(
+                (_f(rows[n][1]["updates_handled"]), _f(rows[n][1]["adds_skips_queued"]))
+                if review
+                else ()
+            ),
         ]
         for n in shown
     ]
@@ -616,6 +668,14 @@ def add_arguments(p: Any) -> None:
         default=0,
         help="most wrongful overwrites a chosen setting may make on the cases (default 0)",
     )
+    p.add_argument(
+        "--max-needless",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="largest share of the adds and skips a chosen setting may queue for review "
+        f"(default {DEFAULT_MAX_NEEDLESS:g} for a review policy, no bound for strict)",
+    )
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fold assignment")
     p.add_argument("--out", required=True, help="the policy file to write (JSON)")
@@ -648,6 +708,11 @@ def command(args: Any, engine_settings: Any) -> int:
     grid = parse_grid(args.grid, base, defaults=not args.only_grid)
     if args.max_wrongful < 0:
         raise InvalidInput("--max-wrongful must be at least 0")
+    max_needless = args.max_needless
+    if max_needless is not None and not 0.0 <= max_needless <= 1.0:
+        raise InvalidInput(f"--max-needless must be in [0, 1], got {max_needless}")
+    if max_needless is None and base.mode == "review":
+        max_needless = DEFAULT_MAX_NEEDLESS
     folds(cases, args.folds, args.seed)  # a bad --folds fails before the models load
     out = Path(args.out)
     plot_path = None if args.no_plot else Path(args.plot) if args.plot else out.with_suffix(".png")
@@ -655,13 +720,6 @@ def command(args: Any, engine_settings: Any) -> int:
         pyplot()  # a missing extra fails now, not after the sweep
         plot_path.parent.mkdir(parents=True, exist_ok=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    settings = grid.settings()
-    dims = " x ".join(f"{n} ({len(v)})" for n, v in zip(grid.fields, grid.values, strict=True))
-    print(
-        f"calibrate {base.name} on {cases_path.name} ({len(cases)} cases): {len(settings)} "
-        f"settings of {dims}",
-        flush=True,
-    )
 
     def progress(done: int, total: int) -> None:
         if done == 1 or done == total or done % 10 == 0:
@@ -674,6 +732,15 @@ def command(args: Any, engine_settings: Any) -> int:
         g = eng.gate
         memo = Gate(g.store, g.index, MemoEmbedder(g.embedder), MemoNLI(g.nli), g.settings, g.judge)
         base = g.policy(base.name)  # with these models' thresholds and their judge's bars
+        # the served judge's bars join the default grid (validated above without them)
+        grid = parse_grid(args.grid, base, defaults=not args.only_grid, judge=g.judge)
+        judge = _judge_note(g.judge, base, grid, cases_path)
+        dims = " x ".join(f"{n} ({len(v)})" for n, v in zip(grid.fields, grid.values, strict=True))
+        print(
+            f"calibrate {base.name} on {cases_path.name} ({len(cases)} cases): "
+            f"{len(grid.settings())} settings of {dims}",
+            flush=True,
+        )
         result = sweep(memo, cases, base, grid, progress=progress)
         models = {"embedder": model_provenance(g.embedder), "nli": model_provenance(g.nli)}
     work = result.model_work
@@ -687,24 +754,43 @@ def command(args: Any, engine_settings: Any) -> int:
     )
     rows = [(t.setting, summary(cases, t.predictions)) for t in result.trials]
     objective = objective_for(base)
-    picked = choose(grid, result.trials, cases, args.max_wrongful, objective=objective)
-    safe = sum(1 for _, m in rows if m["wrongful_overwrites"] <= args.max_wrongful)
-    print(
-        f"\nsafe zone: {safe} of {len(rows)} settings with at most {args.max_wrongful} "
-        f"wrongful overwrites (* = chosen: the most {OBJECTIVES[objective]})"
+    picked = choose(
+        grid,
+        result.trials,
+        cases,
+        args.max_wrongful,
+        objective=objective,
+        max_needless=max_needless,
     )
-    print(table(grid, rows, mark=picked, limit=args.show))
+    safe = sum(1 for _, m in rows if within(m, args.max_wrongful, max_needless))
+    bounds = f"at most {args.max_wrongful} wrongful overwrites"
+    if max_needless is not None:
+        bounds += f" and at most {max_needless:.0%} of the adds and skips queued"
+    print(
+        f"\nsafe zone: {safe} of {len(rows)} settings with {bounds} "
+        f"(* = chosen: the most {OBJECTIVES[objective]})"
+    )
+    print(table(grid, rows, mark=picked, limit=args.show, objective=objective))
     base_m = summary(cases, result.base_trial.predictions)
     print(f"\nbase {base.name} as it is: {_line(base_m)}")
     cv = cross_validate(
-        grid, result.trials, cases, args.max_wrongful, args.folds, args.seed, objective
+        grid,
+        result.trials,
+        cases,
+        args.max_wrongful,
+        args.folds,
+        args.seed,
+        objective,
+        max_needless,
     )
     report = {
         "cases": {"path": str(cases_path), "sha256": sha256_of(cases_path), "count": len(cases)},
         "base": base.name,
         "grid": grid.to_json(),
         "max_wrongful_overwrites": args.max_wrongful,
+        "max_needless": max_needless,
         "models": models,
+        "judge": judge,
         "model_work": work,
         "base_metrics": base_m,
         "settings": [{"setting": s, "metrics": m} for s, m in rows],
@@ -728,10 +814,11 @@ def command(args: Any, engine_settings: Any) -> int:
     sweep_path = out.with_suffix(".sweep.json")
     if picked is None:
         least = min(m["wrongful_overwrites"] for _, m in rows)
+        fewest = min(_recall(m, "adds_skips_queued") for _, m in rows)
         print(
-            f"\nno setting has at most {args.max_wrongful} wrongful overwrites (the fewest: "
-            f"{least}); no policy file written. Widen the grid toward higher thresholds, or "
-            "allow more with --max-wrongful.",
+            f"\nno setting has {bounds} (the fewest overwrites: {least}; the smallest share "
+            f"queued needlessly: {fewest:.1%}); no policy file written. Widen the grid toward "
+            "higher thresholds, or allow more with --max-wrongful / --max-needless.",
             file=sys.stderr,
         )
         _dump(sweep_path, report)
@@ -750,8 +837,11 @@ def command(args: Any, engine_settings: Any) -> int:
                 "models": models,
                 "grid": grid.to_json(),
                 "max_wrongful_overwrites": args.max_wrongful,
-                "selection": f"max {objective} with wrongful overwrites <= max; ties: fewer "
-                "wrongful overwrites, then higher thresholds",
+                "max_needless": max_needless,
+                "judge": judge,
+                "selection": f"max {objective} with wrongful overwrites <= max"
+                + ("" if max_needless is None else " and adds and skips queued <= max_needless")
+                + "; ties: fewer wrongful overwrites, then higher thresholds",
                 "metrics": chosen_m,
                 "cross_validation": {"k": cv.k, "seed": cv.seed, "estimate": cv.estimate},
             }
@@ -765,6 +855,38 @@ def command(args: Any, engine_settings: Any) -> int:
     return 0
 
 
+def _judge_note(judge: Any, base: Policy, grid: Grid, cases_path: Path) -> dict[str, Any] | None:
+    """The served judge as the sweep used it (None without one), with warnings: judge bars
+    swept with no judge change nothing; a judge fitted on these very cases makes its bars'
+    figures here in-sample."""
+    import sys
+
+    swept = [n for n in grid.fields if n.startswith("judge_")]
+    if judge is None or not base.judge:
+        if swept:
+            print(
+                f"warning: {', '.join(swept)} swept, but no judge decides here (none fitted for "
+                "these models, or the policy turns it off): those values change nothing",
+                file=sys.stderr,
+            )
+        return None
+    digest = sha256_of(cases_path)
+    fitted_on = [
+        str(s.get("name")) for s in judge.provenance.get("sets", []) if s.get("sha256") == digest
+    ]
+    if fitted_on:
+        print(
+            f"warning: the served judge was fitted on these cases ({fitted_on[0]}): its figures "
+            "here are in-sample and flatter it; calibrate on cases it was not fitted on",
+            file=sys.stderr,
+        )
+    return {
+        "seal": judge.seal,
+        "bars": {n: getattr(base, n) for n in ("judge_duplicate", "judge_keep", *JUDGE_FIELDS)},
+        "fitted_on_these_cases": bool(fitted_on),
+    }
+
+
 def _dump(path: Path, obj: Any) -> None:
     from engine.backfill.checkpoint import atomic_write
 
@@ -776,11 +898,17 @@ def _setting(setting: Mapping[str, float]) -> str:
 
 
 def _line(m: Mapping[str, Any]) -> str:
-    return (
+    text = (
         f"wrongful overwrites {m['wrongful_overwrites']} ({m['on_trap_cases']} on traps), "
         f"update recall {_f(m['update_recall'])}, accuracy {_f(m['accuracy'])}, "
         f"review rate {_f(m['review_rate'])}"
     )
+    if m.get("review_rate"):  # what a reviewer gets: the updates handled and the needless
+        text += (
+            f", updates handled {_f(m['updates_handled'])}, adds and skips queued "
+            f"{_f(m['adds_skips_queued'])}"
+        )
+    return text
 
 
 def _cv_text(cv: CrossValidation, in_sample: Mapping[str, Any]) -> str:
@@ -791,10 +919,15 @@ def _cv_text(cv: CrossValidation, in_sample: Mapping[str, Any]) -> str:
     for f in cv.folds:
         held = f["held_out"]
         flag = "" if f["met_bound_on_train"] else "  (none met the bound: safest used)"
+        queued = (
+            f", handled {_f(held['updates_handled'])}, needless {_f(held['adds_skips_queued'])}"
+            if held.get("review_rate")
+            else ""
+        )
         lines.append(
             f"  fold {f['fold']} ({f['cases']} cases): {_setting(f['setting'])} -> "
             f"overwrites {held['wrongful_overwrites']}, recall {_f(held['update_recall'])}, "
-            f"accuracy {_f(held['accuracy'])}{flag}"
+            f"accuracy {_f(held['accuracy'])}{queued}{flag}"
         )
     est = cv.estimate
     lines.append(f"  CV estimate: {_line(est)}")

@@ -184,3 +184,96 @@ def test_serve_takes_the_policy_file(tmp_path: Path, cache_dir: Path) -> None:
     assert review.action in ("review", "replace") and review.candidates[0].reason != "below_floor"
     # a request's own overrides still apply on top of the file
     assert lowered.decisions[0].action == "replace"
+
+
+def _cache_with_a_judge(tmp_path: Path, cache_dir: Path, cases: Path) -> tuple[Path, float]:
+    """A private cache: the real models and a judge for MiniLM + aegis-nli (trees on random
+    features, so its probabilities are arbitrary but fixed), recorded as fitted on ``cases``.
+    Returns the cache and the judge's veto bar."""
+    import numpy as np
+
+    from engine.app import EngineSettings, open_engine
+    from engine.calibrate import sha256_of
+    from engine.gate.judge import Judge
+    from engine.gate.judge.boost import BoostSettings, fit
+    from engine.gate.judge.features import FEATURES
+    from engine.gate.judge.store import judge_path, model_identity, save_judge
+    from engine.runtime.loader import ModelChoice
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(cache_dir / "models", target_is_directory=True)
+    settings = EngineSettings(
+        data_dir=tmp_path / "data", cache_dir=cache, models=ModelChoice(nli="aegis-nli")
+    )
+    with open_engine(settings) as eng:
+        emb, nli = model_identity(eng.gate.embedder), model_identity(eng.gate.nli)
+    x = np.random.default_rng(0).uniform(size=(60, len(FEATURES)))
+    small = BoostSettings(trees=3, min_leaf=2)
+    judge = Judge(
+        fit(x, (x[:, 0] > 0.5).astype(float), small),
+        0.8,
+        0.1,
+        {"embedder": emb, "nli": nli},
+        {"sets": [{"name": "mine", "sha256": sha256_of(cases), "cases": 20}]},
+        updates=fit(x, (x[:, 1] > 0.5).astype(float), small),
+        veto_bar=0.45,
+        queue_bar=0.9,
+    )
+    save_judge(judge_path(cache, emb, nli), judge)
+    return cache, judge.veto_bar
+
+
+def test_calibrate_sweeps_the_served_judges_bars(
+    tmp_path: Path, cache_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _dev().read_text("utf-8").splitlines()
+    subset = tmp_path / "cases.jsonl"
+    subset.write_text("\n".join(lines[1::6][:20]) + "\n", encoding="utf-8")
+    cache, veto = _cache_with_a_judge(tmp_path, cache_dir, subset)
+    fixed = ["--grid", "floor=0.6", "--grid", "contradiction=0.95"]
+    fixed += ["--grid", "key_match_contradiction=0.8", "--folds", "2", "--no-plot"]
+    out = tmp_path / "strict.json"
+    argv = ["--cache-dir", str(cache), "calibrate", "--nli", "aegis-nli", "--cases", str(subset)]
+    code = cli_main([*argv, "--out", str(out), "--max-wrongful", "20", *fixed])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "fitted on these cases" in captured.err  # its figures here flatter it
+    sweep = json.loads(out.with_suffix(".sweep.json").read_text("utf-8"))
+    assert sweep["grid"]["judge_veto"] == [0.0, 0.3, veto, 0.6]
+    assert sweep["judge"]["fitted_on_these_cases"] is True and len(sweep["judge"]["seal"]) == 64
+    assert sweep["judge"]["bars"]["judge_veto"] == veto
+    assert "judge_queue" not in sweep["grid"]  # strict never queues
+    # a higher veto bar only holds replacements back: never more replaced, never more wrongly
+    by_veto = sorted(sweep["settings"], key=lambda s: s["setting"]["judge_veto"])
+    for lower, higher in zip(by_veto, by_veto[1:], strict=False):
+        for name in ("update_recall", "wrongful_overwrites"):
+            assert higher["metrics"][name] <= lower["metrics"][name], name
+    pf = load_policy_file(out)
+    assert pf.overrides["judge_veto"] == sweep["chosen"]["judge_veto"]
+    assert pf.provenance["judge"]["fitted_on_these_cases"] is True
+    assert pf.provenance["max_needless"] is None
+    assert (
+        cli_main(
+            ["--cache-dir", str(cache), "eval", "--cases", str(subset), "--json"]
+            + ["--nli", "aegis-nli", "--policy-file", str(out)]
+        )
+        == 0
+    )
+    scored = json.loads(capsys.readouterr().out)
+    for name in ("wrongful_overwrites", "update_recall", "accuracy"):
+        assert scored[name] == pf.provenance["metrics"][name], name
+    # review: the queue bar instead, within a bound on needless queueing
+    out = tmp_path / "review.json"
+    code = cli_main([*argv, "--policy", "review", "--out", str(out), *fixed])
+    captured = capsys.readouterr()
+    sweep = json.loads(out.with_suffix(".sweep.json").read_text("utf-8"))
+    assert (
+        sweep["grid"]["judge_queue"] == [0.6, 0.8, 0.9, 1.0] and "judge_veto" not in sweep["grid"]
+    )
+    assert sweep["max_needless"] == 0.10 and "queued needlessly" in captured.out
+    if code == 0:
+        chosen = load_policy_file(out).provenance["metrics"]
+        assert chosen["adds_skips_queued"] <= 0.10 and chosen["wrongful_overwrites"] == 0
+    else:  # none within the bound: said so, no file
+        assert "--max-needless" in captured.err and not out.exists()

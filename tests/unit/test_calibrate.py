@@ -19,13 +19,15 @@ from engine.calibrate import (
     cross_validate,
     default_grid,
     folds,
+    judge_grid,
     parse_grid,
     summary,
     table,
+    within,
 )
 from engine.cli import main as cli_main
 from engine.errors import InvalidInput
-from engine.gate.policy import REVIEW, STRICT
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT
 from engine.policy_file import (
     FORMAT,
     PolicyFile,
@@ -60,6 +62,42 @@ def test_default_grid_holds_the_base_values() -> None:
         d = default_grid(base)
         assert base.floor in d["floor"] and base.contradiction in d["contradiction"]
         assert base.key_match_contradiction in d["key_match_contradiction"]
+
+
+class _Judge:
+    """What the grid reads of a served judge: whether it has update trees."""
+
+    def __init__(self, updates: object | None = object()) -> None:
+        self.updates = updates
+
+
+def test_the_served_judges_bars_join_the_default_grid_where_the_policy_uses_them() -> None:
+    from dataclasses import replace
+
+    strict = replace(STRICT, judge_veto=0.45)
+    assert judge_grid(strict, _Judge()) == {"judge_veto": [0.0, 0.3, 0.45, 0.6]}
+    review = replace(REVIEW, judge_queue=0.7)
+    assert judge_grid(review, _Judge()) == {"judge_queue": [0.6, 0.7, 0.8, 1.0]}
+    # review-uncertain replaces confident conflicts and queues the rest: both bars
+    assert set(judge_grid(REVIEW_UNCERTAIN, _Judge())) == {"judge_veto", "judge_queue"}
+    # no judge, no update trees, or the judge turned off: those bars change nothing
+    assert judge_grid(strict, None) == {}
+    assert judge_grid(strict, _Judge(updates=None)) == {}
+    assert judge_grid(replace(strict, judge=False), _Judge()) == {}
+    g = parse_grid(["judge_veto=0.2,0.5", "top_k=5"], strict, judge=_Judge())
+    assert g.fields == (
+        "floor",
+        "contradiction",
+        "key_match_contradiction",
+        "judge_veto",
+        "top_k",
+    )
+    assert g.values[3] == (0.2, 0.5)  # the user's values replace the default ones
+    assert parse_grid([], strict, judge=_Judge()).values[3] == (0.0, 0.3, 0.45, 0.6)
+    assert "judge_veto" not in parse_grid([], strict).fields  # no judge served
+    assert parse_grid(["floor=0.6"], strict, defaults=False, judge=_Judge()).fields == ("floor",)
+    with pytest.raises(InvalidInput, match=r"judge_queue must be in \[0, 1\]"):
+        parse_grid(["judge_queue=1.5"], review, judge=_Judge())
 
 
 @pytest.mark.parametrize(
@@ -373,6 +411,42 @@ def test_review_objective_counts_updates_queued_with_the_right_target() -> None:
     assert choose(GRID, trials, cases, 0, objective="updates_handled") == 1
     assert choose(GRID, trials, cases, 0, objective="update_recall") == 2  # all 0: safest
     assert summary(cases, trials[0].predictions)["updates_handled"] == 1.0
+
+
+def test_a_review_choice_stays_within_the_needless_queue_bound() -> None:
+    cases = _cases(2, 10)
+
+    def queued(setting: dict[str, float], handled: int, needless: int) -> Trial:
+        preds = [
+            {"id": c["id"], "action": "review" if i < handled else "add", "target": "m1"}
+            for i, c in enumerate(cases[:2])
+        ]
+        preds += [
+            {"id": c["id"], "action": "review" if i < needless else "add", "target": None}
+            for i, c in enumerate(cases[2:])
+        ]
+        return Trial(setting, tuple(preds))
+
+    trials = [
+        queued({"floor": 0.5, "contradiction": 0.9}, 2, 3),  # both updates, 30% needless
+        queued({"floor": 0.6, "contradiction": 0.9}, 1, 1),  # one update, 10%
+        queued({"floor": 0.7, "contradiction": 0.95}, 0, 0),
+    ]
+    objective = "updates_handled"
+    assert choose(GRID, trials, cases, 0, objective=objective) == 0  # no bound: most handled
+    assert choose(GRID, trials, cases, 0, objective=objective, max_needless=0.10) == 1
+    assert choose(GRID, trials, cases, 0, objective=objective, max_needless=0.3) == 0
+    assert choose(GRID, trials[:1], cases, 0, objective=objective, max_needless=0.1) is None
+    m = summary(cases, trials[0].predictions)
+    assert m["adds_skips_queued"] == pytest.approx(0.3)
+    assert within(m, 0) and within(m, 0, 0.3) and not within(m, 0, 0.29)
+    cv = cross_validate(GRID, trials, cases, 0, k=2, objective=objective, max_needless=0.10)
+    assert all(f["setting"] != trials[0].setting for f in cv.folds if f["met_bound_on_train"])
+    rows = [(t.setting, summary(cases, t.predictions)) for t in trials]
+    text = table(GRID, rows, mark=1, objective=objective).splitlines()
+    assert text[0].split()[-4:] == ["updates", "handled", "queued", "needlessly"]
+    assert text[2].split()[-2:] == ["1.000", "0.300"]  # the most handled first, at 0 overwrites
+    assert "needlessly" not in table(GRID, rows).splitlines()[0]
 
 
 def test_a_missing_bench_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
