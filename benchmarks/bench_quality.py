@@ -63,6 +63,8 @@ HELDOUT_SETS = {
     "heldout-14": DATA / "heldout14.jsonl",
     "heldout-15": DATA / "heldout15.jsonl",
     "heldout-16": DATA / "heldout16.jsonl",
+    "heldout-17": DATA / "heldout17.jsonl",
+    "heldout-18": DATA / "heldout18.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

@@ -56,6 +56,8 @@ HELD_OUT = (
     "heldout-14",
     "heldout-15",
     "heldout-16",
+    "heldout-17",
+    "heldout-18",
 )
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],

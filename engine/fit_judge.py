@@ -30,7 +30,7 @@
 
 Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
 heldout, heldout2 ... heldout10 and the shared ``dev.jsonl`` next to the checkout when present.
-heldout11 to heldout16 are never among them, nor accepted by ``--cases``: they are the held-out
+heldout11 to heldout18 are never among them, nor accepted by ``--cases``: they are the held-out
 measuring sticks.
 """
 
@@ -79,7 +79,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "benchmarks" / "data"
 TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 11)))
 """The checkout's labelled sets a judge is fitted on by default (``benchmarks/data``)."""
-HELD_OUT = tuple(f"heldout{n}" for n in range(11, 17))
+HELD_OUT = tuple(f"heldout{n}" for n in range(11, 19))
 """Sets never fitted on: the gate's measuring sticks (``benchmarks/data/README.md``)."""
 
 BAR_GRID: dict[str, tuple[float, ...]] = {

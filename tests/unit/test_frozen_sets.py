@@ -1,4 +1,4 @@
-"""heldout4 to heldout16.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout18.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -29,6 +29,8 @@ FROZEN = [
     ("heldout14", "h14", "71788189f62c2ae864fd8edba60250cc44107ca5bbe61eca768e3d7a4be91c79", 34),
     ("heldout15", "h15", "fd27d1a57d0f16c08e5e57f08b7f33d2a2d1d4b237e5e80869a33c9b7f0ddbc9", 36),
     ("heldout16", "h16", "e6c1367c95a7989b76aa2665d2f4dfeeb0a21960423a4090b36274714c5a3c42", 36),
+    ("heldout17", "h17", "cd31c1635deab856d43024e4d1944030e79b4649baf29622147d41911e4fe444", 36),
+    ("heldout18", "h18", "2dbf542dc0076cffd15667e11a8ea2a87da4dbd366a6421a6440e2b8967e2ac8", 36),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
