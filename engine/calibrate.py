@@ -1,20 +1,23 @@
 """``memgate calibrate``: choose a policy's thresholds on a user's own labelled cases.
 
 The sweep. Every setting of the grid (the similarity floor and the contradiction thresholds by
-default, any numeric policy field on request) is a copy of the base policy with those overrides.
-The cases' memories are stored once (:func:`engine.evaluate.stage`), and each setting is one
-dry-run triage of every incoming fact. The models are the expensive part, and they see every
-text and every pair once: the gate is given :class:`MemoEmbedder` / :class:`MemoNLI`, which
-wrap the loaded models and remember each result. The first setting run is the grid's lowest
-corner, which asks for the most pairs; every later setting is re-decided from remembered vectors
-and probabilities (the same models' outputs; :attr:`Sweep.model_work` counts what was computed
-after the first setting, normally nothing). The gate's decision step itself is not re-entered
-from cached scores: it is not part of the gate's public surface, and going through ``triage``
-keeps calibrated figures exactly what ``memgate eval`` measures.
+default, and the served judge's veto or queue bar when there is one; any numeric policy field on
+request) is a copy of the base policy with those overrides. The cases' memories are stored once
+(:func:`engine.evaluate.stage`), and each setting is one dry-run triage of every incoming fact.
+The models are the expensive part, and they see every text and every pair once: the gate is
+given :class:`MemoEmbedder` / :class:`MemoNLI`, which wrap the loaded models and remember each
+result. The first setting run is the grid's lowest corner, which asks for the most pairs; every
+later setting is re-decided from remembered vectors and probabilities (the same models' outputs;
+:attr:`Sweep.model_work` counts what was computed after the first setting, normally nothing).
+The gate's decision step itself is not re-entered from cached scores: it is not part of the
+gate's public surface, and going through ``triage`` keeps calibrated figures exactly what
+``memgate eval`` measures.
 
 The choice (:func:`choose`). Among the settings with at most ``max_wrongful`` wrongful
-overwrites, the one with the highest update recall; ties go to fewer wrongful overwrites, then to
-the safer setting: higher thresholds (:data:`SAFER` says which way is safer for each field).
+overwrites (and, for review, at most ``max_needless`` of the adds and skips queued), the one
+with the highest update recall (review: updates handled); ties go to fewer wrongful overwrites,
+then to the safer setting: higher thresholds (:data:`SAFER` says which way is safer for each
+field).
 
 The optimism (:func:`cross_validate`). The cases are dealt into ``k`` folds stratified by
 category and expected action; each fold is scored with the setting chosen on the other ``k - 1``
@@ -655,7 +658,9 @@ def add_arguments(p: Any) -> None:
         metavar="NAME=VALUES",
         help="a numeric policy field and its values, a,b,c or start:stop:step (repeatable); "
         "replaces that field's default values (default grid: floor base-0.1..base+0.1 by "
-        "0.05, contradiction 0.85,0.9,0.95,0.98, key_match_contradiction 0.7,0.8,0.9)",
+        "0.05, contradiction 0.85,0.9,0.95,0.98, key_match_contradiction 0.7,0.8,0.9; with a "
+        "judge for the served models also judge_veto 0,0.3,0.6 where the policy replaces and "
+        "judge_queue 0.6,0.8,1 where it reviews, each with the judge's own bar)",
     )
     p.add_argument(
         "--only-grid",
