@@ -212,17 +212,26 @@ def wait_for_progress(
     raise AssertionError(f"no progress past line {beyond} in {timeout} s")
 
 
-def reference_run(models: tuple[Any, Any], lines: Sequence[str], tmp: Path, batch: int) -> Applied:
-    """The same file, uninterrupted, in another data dir (in process, same code path)."""
+def reference_run(
+    models: tuple[Any, Any],
+    lines: Sequence[str],
+    tmp: Path,
+    batch: int,
+    cache_dir: Path | None = None,
+) -> Applied:
+    """The same file, uninterrupted, in another data dir (in process, same code path). With
+    ``cache_dir``, the gate has the judge served from it for these models, as the CLI's has."""
     from engine.gate.gate import Gate
+    from engine.gate.judge.store import find_judge
     from engine.index import IndexManager
     from engine.store import SQLiteStore
 
     tmp.mkdir()
     src = write_lines(tmp / "rows.jsonl", lines)
     store = SQLiteStore(tmp / "memgate.db")
+    judge = None if cache_dir is None else find_judge(cache_dir, *models)
     try:
-        gate = Gate(store, IndexManager(store.iter_active_embeddings), *models)
+        gate = Gate(store, IndexManager(store.iter_active_embeddings), *models, judge=judge)
         job = Job(
             Source.open(src),
             BackfillSettings(batch=batch),
@@ -277,8 +286,8 @@ def test_kill_9_at_random_moments_then_resume_applies_every_row_exactly_once(
     audit = audit_lines(Path(cp.audit))
     assert [a["line"] for a in audit] == list(range(1, 2001)), f"seed {seed}"
     assert sum(a["action"] == "error" for a in audit) == 2000 - len(good)
-    # the same decisions as an uninterrupted run of the same file
-    reference = reference_run(models, lines, tmp_path / "reference", batch=32)
+    # the same decisions as an uninterrupted run of the same file (with the CLI's judge)
+    reference = reference_run(models, lines, tmp_path / "reference", batch=32, cache_dir=cache_dir)
     reference.check_exactly_once(good)
     ours, theirs = applied.decisions(), reference.decisions()
     differ = sorted(r for r in good if ours[r] != theirs[r])
