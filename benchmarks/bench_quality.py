@@ -65,6 +65,8 @@ HELDOUT_SETS = {
     "heldout-16": DATA / "heldout16.jsonl",
     "heldout-17": DATA / "heldout17.jsonl",
     "heldout-18": DATA / "heldout18.jsonl",
+    "heldout-19": DATA / "heldout19.jsonl",
+    "heldout-20": DATA / "heldout20.jsonl",
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

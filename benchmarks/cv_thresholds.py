@@ -58,6 +58,8 @@ HELD_OUT = (
     "heldout-16",
     "heldout-17",
     "heldout-18",
+    "heldout-19",
+    "heldout-20",
 )
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],

@@ -1,4 +1,4 @@
-"""heldout4 to heldout18.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout20.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -31,6 +31,8 @@ FROZEN = [
     ("heldout16", "h16", "e6c1367c95a7989b76aa2665d2f4dfeeb0a21960423a4090b36274714c5a3c42", 36),
     ("heldout17", "h17", "cd31c1635deab856d43024e4d1944030e79b4649baf29622147d41911e4fe444", 36),
     ("heldout18", "h18", "2dbf542dc0076cffd15667e11a8ea2a87da4dbd366a6421a6440e2b8967e2ac8", 36),
+    ("heldout19", "h19", "9f1668c6a5ab6bf75f0f1dee837972e561fc76ab682c47d8e67abe2490c53e28", 36),
+    ("heldout20", "h20", "c4ae3d5d4a3486640883535cba06949aca8c3e1722d1f9c615c857a5f468b5d6", 36),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
