@@ -704,6 +704,7 @@ def command(args: Any, engine_settings: Any) -> int:
 
     cases_path = Path(args.cases)
     cases = load_cases(cases_path)
+    digest = sha256_of(cases_path)
     if not is_labelled(cases):
         raise InvalidInput(
             f"{cases_path}: calibrate needs labelled cases (category and expected on every "
@@ -739,7 +740,7 @@ def command(args: Any, engine_settings: Any) -> int:
         base = g.policy(base.name)  # with these models' thresholds and their judge's bars
         # the served judge's bars join the default grid (validated above without them)
         grid = parse_grid(args.grid, base, defaults=not args.only_grid, judge=g.judge)
-        judge = _judge_note(g.judge, base, grid, cases_path)
+        judge = _judge_note(g.judge, base, grid, cases_path.name, digest)
         dims = " x ".join(f"{n} ({len(v)})" for n, v in zip(grid.fields, grid.values, strict=True))
         print(
             f"calibrate {base.name} on {cases_path.name} ({len(cases)} cases): "
@@ -789,7 +790,7 @@ def command(args: Any, engine_settings: Any) -> int:
         max_needless,
     )
     report = {
-        "cases": {"path": str(cases_path), "sha256": sha256_of(cases_path), "count": len(cases)},
+        "cases": {"path": str(cases_path), "sha256": digest, "count": len(cases)},
         "base": base.name,
         "grid": grid.to_json(),
         "max_wrongful_overwrites": args.max_wrongful,
@@ -860,7 +861,9 @@ def command(args: Any, engine_settings: Any) -> int:
     return 0
 
 
-def _judge_note(judge: Any, base: Policy, grid: Grid, cases_path: Path) -> dict[str, Any] | None:
+def _judge_note(
+    judge: Any, base: Policy, grid: Grid, cases_name: str, digest: str
+) -> dict[str, Any] | None:
     """The served judge as the sweep used it (None without one), with warnings: judge bars
     swept with no judge change nothing; a judge fitted on these very cases makes its bars'
     figures here in-sample."""
@@ -875,14 +878,14 @@ def _judge_note(judge: Any, base: Policy, grid: Grid, cases_path: Path) -> dict[
                 file=sys.stderr,
             )
         return None
-    digest = sha256_of(cases_path)
     fitted_on = [
         str(s.get("name")) for s in judge.provenance.get("sets", []) if s.get("sha256") == digest
     ]
     if fitted_on:
         print(
-            f"warning: the served judge was fitted on these cases ({fitted_on[0]}): its figures "
-            "here are in-sample and flatter it; calibrate on cases it was not fitted on",
+            f"warning: the served judge was fitted on these cases ({cases_name}, its set "
+            f"{fitted_on[0]}): its figures here are in-sample and flatter it; calibrate on cases "
+            "it was not fitted on",
             file=sys.stderr,
         )
     return {
