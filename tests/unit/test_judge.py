@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelError
-from engine.gate.judge import Judge, amended
+from engine.gate.judge import FORMAT, Judge, amended
 from engine.gate.judge.boost import Boost, BoostSettings, fit
 from engine.gate.judge.features import FEATURES, JUDGED, features, judged
 from engine.gate.judge.store import OlderJudge, find_judge, judge_path, load_judge, save_judge
@@ -118,6 +118,48 @@ def test_feature_rows_follow_the_named_columns() -> None:
     # "Dana's flat is in Leith" is worded by "Dana lives in a flat in Leith", not by the job
     assert col["fact_words_in_memory"][0] > col["fact_words_in_memory"][1]
     assert np.isfinite(rows).all()
+
+
+def test_structure_columns_tell_where_two_texts_differ() -> None:
+    fact = "The kitchen thermostat is set to 21 degrees."
+    evs = [
+        ev("same", 0.99, None, "The kitchen thermostat is set to 21 degrees."),
+        ev("other", 0.90, None, "The hallway thermostat is set to 20 degrees."),
+        ev("plain", 0.85, None, "The thermostat is set to 21 degrees."),
+    ]
+    chosen, rows = features(evs, fact, 0.45)
+    assert [e.memory_id for e in chosen] == ["same", "other", "plain"]
+    col = {name: rows[:, i] for i, name in enumerate(FEATURES)}
+    # the same text: nothing differs, and the first difference is "at the end"
+    assert col["diff_chunks"][0] == 0.0 and col["diff_ratio"][0] == 1.0
+    assert col["first_diff_memory"][0] == 1.0 and col["first_diff_fact"][0] == 1.0
+    assert col["front_overlap"][0] == 1.0 and col["said_overlap"][0] == 1.0
+    # another thermostat: which one (the qualifier) and the value differ, both sides split
+    assert col["both_split"].tolist() == [1.0, 1.0, 1.0]
+    assert col["qualifiers_differ"].tolist() == [0.0, 1.0, 0.0]
+    assert col["qualifier_one_sided"].tolist() == [0.0, 0.0, 1.0]
+    assert col["said_values_differ"].tolist() == [0.0, 1.0, 0.0]
+    assert col["same_verb"].tolist() == [1.0, 1.0, 1.0]
+    assert col["front_overlap"][1] < 1.0 and col["diff_chunks"][1] == 2.0
+    # the difference starts at the second word ("kitchen" / "hallway")
+    assert col["first_diff_memory"][1] == pytest.approx(1 / 8)
+    assert 0.0 < col["diff_ratio"][1] < 1.0
+
+
+def test_disjoint_owners_and_an_unsplit_text_are_columns_of_their_own() -> None:
+    fact = "Grandma's appointment is at 4pm."
+    evs = [
+        ev("m1", 0.95, None, "Grandad's appointment is at 3pm."),
+        ev("m2", 0.80, None, "Tuesdays."),
+    ]
+    _, rows = features(evs, fact, 0.45)
+    col = {name: rows[:, i] for i, name in enumerate(FEATURES)}
+    assert col["owners_disjoint"][0] == 1.0
+    assert col["said_values_differ"][0] == 1.0
+    # a text that does not split (no verb, no note) reads -1, not "no overlap"
+    assert col["both_split"].tolist() == [1.0, 0.0]
+    assert col["front_overlap"][1] == -1.0 and col["said_overlap"][1] == -1.0
+    assert col["same_verb"][1] == 0.0 and col["said_values_differ"][1] == 0.0
 
 
 def test_an_unscored_candidate_reads_as_unknown_not_as_compatible() -> None:
@@ -377,8 +419,17 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     old_path = judge_path(tmp_path, models["embedder"], models["nli"])
     old_path.parent.mkdir(parents=True, exist_ok=True)
     old_path.write_text(json.dumps({**older, "models": models}))
-    with pytest.raises(OlderJudge, match=r"older engine \(memgate-judge/1, not memgate-judge/2\)"):
+    with pytest.raises(OlderJudge, match=rf"older engine \(memgate-judge/1, not {FORMAT}\)"):
         load_judge(old_path)
+    # format 2 (32 columns, before the structure columns) is older too, not a stopped engine
+    two = {**body, "format": "memgate-judge/2", "features": list(FEATURES[:32]), "models": models}
+    two["judge_sha256"] = manifest_digest({k: v for k, v in two.items() if k != "judge_sha256"})
+    old_path.write_text(json.dumps(two))
+    with pytest.raises(OlderJudge, match="memgate-judge/2"):
+        load_judge(old_path)
+    emb0, nli0 = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
+    assert find_judge(tmp_path, emb0, nli0) is None
+    old_path.write_text(json.dumps({**older, "models": models}))
     assert issubclass(OlderJudge, ModelError)  # `models verify` still fails it
     emb, nli = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
     assert find_judge(tmp_path, emb, nli) is None
@@ -386,7 +437,7 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     newer = {**older, "format": "memgate-judge/9", "models": models}
     newer["judge_sha256"] = manifest_digest({k: v for k, v in newer.items() if k != "judge_sha256"})
     old_path.write_text(json.dumps(newer))
-    with pytest.raises(ModelError, match="not a memgate-judge/2"):
+    with pytest.raises(ModelError, match=f"not a {FORMAT}"):
         find_judge(tmp_path, emb, nli)
     old_path.write_text("{damaged")
     with pytest.raises(ModelError, match="unreadable"):

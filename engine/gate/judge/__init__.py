@@ -52,7 +52,9 @@ from engine.gate.policy import Evidence, Policy, Verdict
 
 __all__ = ["FORMAT", "Judge", "VerdictJudge", "amended"]
 
-FORMAT = "memgate-judge/2"
+FORMAT = "memgate-judge/3"
+"""Version 3: the thirteen structure columns of :data:`~engine.gate.judge.features.FEATURES`
+(version 2 files, 32 columns, are skipped as older until refitted)."""
 
 
 class VerdictJudge(Protocol):

@@ -3,7 +3,9 @@
 One row per judged candidate, the same at fit time and in the gate. Every feature is a general
 signal the gate already measures (similarity and its rank, the NLI model's contradiction, the
 attribute and subject evidence, the value and claim comparisons), or a plain comparison of the
-two parsed claims (how much of each one's wording and values the other holds, polarity, length).
+two parsed claims (how much of each one's wording and values the other holds, polarity, length,
+whether they differ on the subject side or in what is said of it, whose and which thing the
+subject is) and of their word sequences (how many stretches differ and where the first begins).
 No word list; nothing from the labels.
 
 Judged candidates are the most similar ``JUDGED`` at or above the policy's floor, siblings
@@ -16,12 +18,13 @@ fact lost (12 of the 355 duplicates of those sets had such a key, against 544 ot
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from engine.gate.claims import claim
+from engine.gate.claims import Claim, claim
 from engine.gate.claims.compare import coverage
 from engine.gate.policy import Evidence
 
@@ -63,6 +66,19 @@ FEATURES: tuple[str, ...] = (
     "shared_words",
     "fact_has_values",
     "memory_parts",
+    "both_split",
+    "front_overlap",
+    "said_overlap",
+    "front_values_differ",
+    "said_values_differ",
+    "same_verb",
+    "owners_disjoint",
+    "qualifiers_differ",
+    "qualifier_one_sided",
+    "diff_chunks",
+    "first_diff_memory",
+    "first_diff_fact",
+    "diff_ratio",
 )
 """Column names of :func:`features`, in order. A fitted judge records them; a judge fitted on
 other columns is refused at load."""
@@ -84,6 +100,52 @@ def judged(evidence: Sequence[Evidence], floor: float) -> list[Evidence]:
     return [e for e in ranked[:JUDGED] if e.similarity >= floor and not e.key_conflict]
 
 
+def _overlap(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard overlap; two empty sets agree (1)."""
+    union = a | b
+    return len(a & b) / len(union) if union else 1.0
+
+
+def _tokens(text: str) -> list[str]:
+    return text.lower().replace(",", " ").replace(".", " ").split()
+
+
+def _said(m: Claim, f: Claim) -> list[float]:
+    """Both texts split into subject side and what is said; the overlap of each side; front
+    values both present and different; said values different; the same verb. A text that does
+    not split reads -1 for the overlaps (unknown, not "nothing shared")."""
+    ms, fs = m.said, f.said
+    if ms is None or fs is None:
+        return [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
+    return [
+        1.0,
+        _overlap(ms.front, fs.front),
+        _overlap(ms.words, fs.words),
+        float(bool(ms.front_values and fs.front_values) and ms.front_values != fs.front_values),
+        float(ms.values != fs.values),
+        float(ms.verb == fs.verb),
+    ]
+
+
+def _structure(m: Claim, f: Claim) -> list[float]:
+    """Where the two texts differ: the subject side or what is said of it (:func:`_said`),
+    whose and which thing the subject is, and the shape of the word-level difference (how many
+    stretches differ, where the first one starts in each text, how much is shared)."""
+    a, b = _tokens(m.text), _tokens(f.text)
+    diff = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    ops = [op for op in diff.get_opcodes() if op[0] != "equal"]
+    return [
+        *_said(m, f),
+        float(bool(m.owners) and bool(f.owners) and not m.owners & f.owners),
+        float(bool(m.qualifiers) and bool(f.qualifiers) and m.qualifiers != f.qualifiers),
+        float(bool(m.qualifiers) != bool(f.qualifiers)),
+        float(len(ops)),
+        ops[0][1] / max(1, len(a)) if ops else 1.0,
+        ops[0][3] / max(1, len(b)) if ops else 1.0,
+        diff.ratio(),
+    ]
+
+
 def _claims(memory: str, fact: str) -> list[float]:
     m, f = claim(memory), claim(fact)
     mw, fw = m.content | m.subject, f.content | f.subject
@@ -99,6 +161,7 @@ def _claims(memory: str, fact: str) -> list[float]:
         len(m.lexicon & f.lexicon) / max(1, len(m.lexicon | f.lexicon)),
         float(bool(f.values)),
         float(len(m.parts)),
+        *_structure(m, f),
     ]
 
 
