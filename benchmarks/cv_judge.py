@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         r_items, r_judged = [items[i] for i in rest], [judged[i] for i in rest]
         r_updates = [updates[i] for i in rest]
         bars, _ = choose_bars(r_items, strict, r_judged, r_updates)
-        bars["queue_bar"], _, _ = choose_queue(r_items, review0, r_judged, r_updates, bars)
+        queued, _, _ = choose_queue(r_items, review0, r_judged, r_updates, bars)
+        bars.update(queued)
         pol = replace(
             strict,
             judge_duplicate=bars["duplicate_bar"],
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             judge_duplicate=pol.judge_duplicate,
             judge_keep=pol.judge_keep,
             judge_queue=bars["queue_bar"],
+            judge_dequeue=bars["dequeue_bar"],
         )
         its, js = [items[i] for i in held], [judged[i] for i in held]
         us = [updates[i] for i in held]
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 name,
                 a["cases"],
                 f"{bars['duplicate_bar']:.2f}/{bars['keep_bar']:.2f}/{bars['veto_bar']:.1f}/"
-                f"{bars['queue_bar']:.1f}",
+                f"{bars['queue_bar']:.1f}/{bars['dequeue_bar']:.2f}",
                 a["wrongful_overwrites"],
                 j["wrongful_overwrites"],
                 f"{a['update_recall']:.3f}",
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "held set",
                 "cases",
-                "bars dup/keep/veto/queue",
+                "bars dup/keep/veto/queue/dequeue",
                 "WO rule",
                 "WO +judge",
                 "recall rule",

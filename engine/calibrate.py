@@ -88,11 +88,13 @@ SAFER: dict[str, int] = {
     "partial_values": -1,
     "judge_veto": 1,
     "judge_queue": 1,
+    "judge_dequeue": -1,
 }
 """+1: a higher value replaces less (safer); -1: a lower one does (a smaller dominance margin
 lets a more similar, non-conflicting memory veto the replacement more often; fewer values left
 standing send more multi-value memories to review). A higher ``judge_veto`` holds more
-replacements back; a higher ``judge_queue`` asks a reviewer for less. Fields not listed
+replacements back; a higher ``judge_queue`` asks a reviewer for less, and so does a higher
+``judge_dequeue`` (it lets more of the rule's conflicts through unseen). Fields not listed
 count higher as safer."""
 
 _NOT_SWEPT = {"name", "mode"}
@@ -890,7 +892,10 @@ def _judge_note(
         )
     return {
         "seal": judge.seal,
-        "bars": {n: getattr(base, n) for n in ("judge_duplicate", "judge_keep", *JUDGE_FIELDS)},
+        "bars": {
+            n: getattr(base, n)
+            for n in ("judge_duplicate", "judge_keep", *JUDGE_FIELDS, "judge_dequeue")
+        },
         "fitted_on_these_cases": bool(fitted_on),
     }
 

@@ -89,6 +89,7 @@ BAR_GRID: dict[str, tuple[float, ...]] = {
     "keep_bar": (0.0, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.60),
     "veto_bar": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
     "queue_bar": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    "dequeue_bar": (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3),
 }
 QUEUE_BUDGET = 0.10
 """The share of adds and skips a review policy may queue needlessly when the queue bar is
@@ -317,12 +318,15 @@ def choose_queue(
     judged: Sequence[dict[str, float]],
     updates: Sequence[dict[str, float]],
     bars: dict[str, float],
-) -> tuple[float, dict[str, Any], dict[str, Any]]:
-    """The queue bar of :data:`BAR_GRID` for ``review`` (with the duplicate ``bars``): the most
-    true updates queued with the right target among the bars that queue no more of the adds and
-    skips than :data:`QUEUE_BUDGET` (or than the rule alone, when it already queues more); ties
-    to the higher bar (fewer queued). Returns it, and review's measures by the rule alone and
-    with the judge at that bar."""
+) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
+    """The queue and dequeue bars of :data:`BAR_GRID` for ``review`` (the seed's review, with
+    the duplicate ``bars``), chosen together: the most true updates queued with the right target
+    among the pairs that queue no more of the adds and skips than :data:`QUEUE_BUDGET` (or than
+    the rule alone, when it already queues more); ties to the higher queue bar (fewer queued),
+    then the lower dequeue bar (fewer of the rule's conflicts taken from the reviewer). Letting
+    doubtful conflicts go (dequeue) frees room in the budget for the likelier updates the rule
+    missed (queue). Returns ``{"queue_bar", "dequeue_bar"}``, and review's measures by the rule
+    alone and with the judge at those bars."""
     cases = [it.case for it in items]
 
     def measures(preds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -331,15 +335,17 @@ def choose_queue(
     alone = measures(replay(items, review, None))
     budget = max(QUEUE_BUDGET, alone["adds_skips_queued"] or 0.0)
     pol = replace(review, judge_duplicate=bars["duplicate_bar"], judge_keep=bars["keep_bar"])
-    best: tuple[tuple[float, float], float, dict[str, Any]] | None = None
-    for bar in BAR_GRID["queue_bar"]:
-        m = measures(replay(items, replace(pol, judge_queue=bar), judged, updates))
-        if bar < 1.0 and (m["adds_skips_queued"] or 0.0) > budget:
-            continue
-        key = (m["updates_queued_right_target"] or 0.0, bar)
-        if best is None or key > best[0]:
-            best = (key, bar, m)
-    assert best is not None  # the bar of 1 (no queueing) is always there
+    best: tuple[tuple[float, float, float], dict[str, float], dict[str, Any]] | None = None
+    for queue in BAR_GRID["queue_bar"]:
+        for dequeue in BAR_GRID["dequeue_bar"]:
+            bar = replace(pol, judge_queue=queue, judge_dequeue=dequeue)
+            m = measures(replay(items, bar, judged, updates))
+            if (queue < 1.0 or dequeue > 0.0) and (m["adds_skips_queued"] or 0.0) > budget:
+                continue
+            key = (m["updates_queued_right_target"] or 0.0, queue, -dequeue)
+            if best is None or key > best[0]:
+                best = (key, {"queue_bar": queue, "dequeue_bar": dequeue}, m)
+    assert best is not None  # the bars of 1 and 0 (the rule's own queue) are always there
     return best[1], alone, best[2]
 
 
@@ -377,9 +383,9 @@ def fit_judge(
     updates = out_of_fold(items, rows, settings, log, "update") if yu.any() else None
     bars, with_judge = choose_bars(items, strict, judged, updates)
     alone = figures(items, replay(items, strict, None))
-    queue_bar, review_alone, review_judged = 1.0, None, None
+    queued, review_alone, review_judged = {"queue_bar": 1.0, "dequeue_bar": 0.0}, None, None
     if updates is not None:
-        queue_bar, review_alone, review_judged = choose_queue(items, review, judged, updates, bars)
+        queued, review_alone, review_judged = choose_queue(items, review, judged, updates, bars)
     trees = fit(x, y, settings)
     update_trees = fit(x, yu, settings) if updates is not None else None
     provenance = {
@@ -410,7 +416,8 @@ def fit_judge(
         provenance,
         updates=update_trees,
         veto_bar=bars["veto_bar"] if update_trees is not None else 0.0,
-        queue_bar=queue_bar,
+        queue_bar=queued["queue_bar"],
+        dequeue_bar=queued["dequeue_bar"],
     )
     return Fitted(judge, alone, with_judge)
 
@@ -531,7 +538,7 @@ def command(args: Any, engine_settings: Any) -> int:
             )
     log(
         f"bars: duplicate {j.duplicate_bar:.2f}, keep {j.keep_bar:.2f}, veto {j.veto_bar:.2f}, "
-        f"queue {j.queue_bar:.2f}"
+        f"queue {j.queue_bar:.2f}, dequeue {j.dequeue_bar:.2f}"
     )
     log(f"wrote {path} in {time.perf_counter() - start:.0f} s")
     if args.json:
@@ -540,6 +547,7 @@ def command(args: Any, engine_settings: Any) -> int:
             "keep": j.keep_bar,
             "veto": j.veto_bar,
             "queue": j.queue_bar,
+            "dequeue": j.dequeue_bar,
         }
         print(json.dumps({"path": str(path), "bars": bars, **j.provenance}), file=sys.stdout)
     return 0

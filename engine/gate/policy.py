@@ -141,8 +141,10 @@ class Policy:
     the judge gives under ``judge_keep`` is stored as new; a rule's replacement whose target the
     judge gives an update probability under ``judge_veto`` is not made (strict adds,
     review-uncertain queues); under a review policy, a fact the rule would add whose candidate
-    reaches ``judge_queue`` is queued. It never replaces where the rule did not. Without a judge
-    for the served models the rule decides alone."""
+    reaches ``judge_queue`` is queued, and (``review_scope="all"``) a conflict the rule queues
+    whose target the judge gives an update probability under ``judge_dequeue`` is stored as new.
+    It never replaces where the rule did not. Without a judge for the served models the rule
+    decides alone."""
     judge_duplicate: float = 0.80
     """Duplicate probability at or above which the judge skips a fact the rule would add.
     Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
@@ -157,6 +159,10 @@ class Policy:
     """Review policies: update probability at or above which a fact the rule would add is
     queued for review with that candidate as the target (rule ``judged_update``). 1 turns it
     off. Belongs to the judge, like ``judge_duplicate``."""
+    judge_dequeue: float = 0.0
+    """Review with ``review_scope="all"``: update probability below which a conflict the rule
+    queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
+    likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
     def __post_init__(self) -> None:
         unit = (
@@ -176,6 +182,7 @@ class Policy:
             "judge_keep",
             "judge_veto",
             "judge_queue",
+            "judge_dequeue",
         )
         for name in unit:
             value = getattr(self, name)

@@ -65,6 +65,7 @@ def test_models_judge_fits_a_sealed_judge_that_eval_serves(
     assert judged["wrongful_overwrites"] <= alone["wrongful_overwrites"]
     assert judge.updates is not None and 0.0 <= judge.veto_bar <= 0.7
     assert 0.5 <= judge.queue_bar <= 1.0
+    assert 0.0 <= judge.dequeue_bar <= 0.3
     # review never replaces; its queue bar is chosen on its own measures
     assert cv["review_with_judge"]["wrongful_overwrites"] == 0
     # the judge never takes back what the rule queued: it can only queue more

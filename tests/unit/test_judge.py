@@ -271,13 +271,16 @@ def test_the_judge_is_off_when_the_policy_says_so() -> None:
     assert amended(v, {"m1": 0.99}, off) is v
 
 
-def _tiny_judge(bar: float = 0.5, veto: float = 0.0, queue: float = 1.0) -> Judge:
+def _tiny_judge(
+    bar: float = 0.5, veto: float = 0.0, queue: float = 1.0, dequeue: float = 0.0
+) -> Judge:
     # column 0 is the similarity: the trees call a candidate a duplicate from 0.85 up, and an
     # update (its replacement) from 0.78 up
     x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.5, 1.0, 60)])
     small = BoostSettings(trees=20, max_leaves=2, min_leaf=3, learning_rate=0.5)
     trees = fit(x, (x[:, 0] >= 0.85).astype(float), small)
-    updates = fit(x, (x[:, 0] >= 0.78).astype(float), small) if veto or queue < 1 else None
+    needs = veto or queue < 1 or dequeue
+    updates = fit(x, (x[:, 0] >= 0.78).astype(float), small) if needs else None
     models = {"embedder": {"name": "e", "variant": "v", "model_sha256": "1"}, "nli": {}}
     return Judge(
         trees,
@@ -288,6 +291,7 @@ def _tiny_judge(bar: float = 0.5, veto: float = 0.0, queue: float = 1.0) -> Judg
         updates=updates,
         veto_bar=veto,
         queue_bar=queue,
+        dequeue_bar=dequeue,
     )
 
 
@@ -323,6 +327,8 @@ def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> N
         replace(_tiny_judge(), veto_bar=0.3)
     with pytest.raises(ValueError, match="update trees"):
         replace(_tiny_judge(), queue_bar=0.8)
+    with pytest.raises(ValueError, match="update trees"):
+        replace(_tiny_judge(), dequeue_bar=0.1)
 
 
 def test_a_fitted_judge_queues_for_review_through_its_update_trees() -> None:
@@ -336,6 +342,40 @@ def test_a_fitted_judge_queues_for_review_through_its_update_trees() -> None:
     assert (out.action, out.target_id, out.rule) == ("review", "m1", "judged_update")
     strict = judge.policy(STRICT)
     assert judge.amend(decide([close], strict), [close], "Dana moved.", strict).action == "add"
+
+
+def test_the_seed_review_stores_a_doubtful_conflict_instead_of_queueing_it() -> None:
+    judge = _tiny_judge(bar=0.99, dequeue=0.5)
+    review = judge.policy(REVIEW)
+    assert review.judge_dequeue == 0.5
+    kw = {"reverse_contradiction": 0.99, "subject": "shared", "attribute": 0.9}
+    near = ev("m1", 0.82, 0.99, "Dana lives in Leith.", **kw)  # an update by the trees
+    far = ev("m1", 0.66, 0.99, "Dana lives in Leith.", **kw)  # not one
+    fact = "Dana lives in Portobello now."
+    v = decide([near], review)
+    assert (v.action, v.target_id) == ("review", "m1")
+    kept = judge.amend(v, [near], fact, review)
+    assert (kept.action, kept.target_id, kept.rule) == ("review", "m1", v.rule)
+    assert kept.candidates[0].update is not None and kept.candidates[0].update >= 0.5
+    v = decide([far], review)
+    assert v.action == "review"
+    out = judge.amend(v, [far], fact, review)
+    assert (out.action, out.target_id, out.rule) == ("add", None, "judged_not_update")
+    assert out.candidates[0].reason.startswith("judged_not_update:")
+    assert not out.candidates[0].passed
+    # off: the bar at 0, the judge off, or review-uncertain (only the seed's review dequeues)
+    for pol in (
+        replace(review, judge_dequeue=0.0),
+        replace(review, judge=False),
+        judge.policy(REVIEW_UNCERTAIN),
+    ):
+        v = decide([far], pol)
+        assert judge.amend(v, [far], fact, pol).action == v.action
+    # amended (what the fit replays) agrees with the gate's amend
+    v = decide([far], review)
+    assert amended(v, {}, review, {"m1": 0.2}).action == "add"
+    assert amended(v, {}, review, {"m1": 0.7}).action == "review"
+    assert amended(v, {}, review, {"m2": 0.0}).action == "review"  # target not judged
 
 
 def test_a_fitted_judge_amends_through_its_own_features() -> None:
@@ -378,11 +418,12 @@ def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path:
     assert np.array_equal(back.probabilities(x), judge.probabilities(x))
     assert back.updates is None and back.veto_bar == 0.0
     # with update trees and a veto bar
-    written = replace(_tiny_judge(0.7, veto=0.3, queue=0.8), models=models)
+    written = replace(_tiny_judge(0.7, veto=0.3, queue=0.8, dequeue=0.1), models=models)
     save_judge(path, written)
     vetoing = find_judge(tmp_path, emb, nli)
     assert vetoing is not None and vetoing.veto_bar == 0.3 and vetoing.updates is not None
-    assert vetoing.queue_bar == 0.8
+    assert vetoing.queue_bar == 0.8 and vetoing.dequeue_bar == 0.1
+    assert vetoing.policy(REVIEW).judge_dequeue == 0.1
     assert vetoing.policy(STRICT).judge_veto == 0.3
     assert vetoing.policy(REVIEW).judge_queue == 0.8
     assert written.updates is not None
@@ -409,7 +450,11 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
 
     # an older engine's judge (format 1, no update trees) is refused by load, and skipped with
     # a warning by the gate (an upgrade leaves one in the cache until `models judge` runs)
-    older = {k: v for k, v in body.items() if k not in ("update_trees", "veto_bar", "queue_bar")}
+    older = {
+        k: v
+        for k, v in body.items()
+        if k not in ("update_trees", "veto_bar", "queue_bar", "dequeue_bar")
+    }
     older["format"] = "memgate-judge/1"
     older["judge_sha256"] = manifest_digest({k: v for k, v in older.items() if k != "judge_sha256"})
     models = {

@@ -26,7 +26,11 @@ What it may change, and nothing else:
 * under a **review** policy, a fact the rule would **add** (and the duplicate model does not
   skip) is **queued** when a judged candidate's update probability reaches
   ``Policy.judge_queue`` (rule ``judged_update``, that candidate the target): a human sees the
-  update the rule's evidence missed.
+  update the rule's evidence missed;
+* under the seed's **review** (``review_scope="all"``), a conflict the rule **queues** whose
+  target's update probability is below ``Policy.judge_dequeue`` is **added** instead (rule
+  ``judged_not_update``): the reviewer's time goes to the likelier updates (nothing is
+  replaced either way).
 
 It never replaces where the rule did not: the replacements stay the rule's, the judge can only
 hold one back, or put one before a human. Every judged candidate
@@ -94,6 +98,9 @@ class Judge:
     queue_bar: float = 1.0
     """Update probability at or above which a review policy queues a fact the rule would add;
     the named policies' ``judge_queue`` (1: none)."""
+    dequeue_bar: float = 0.0
+    """Update probability below which the seed's review stores as new a conflict the rule
+    queues; the named policies' ``judge_dequeue`` (0: none)."""
     seal: str = ""
     """The judge file's ``judge_sha256`` when loaded from one (empty for a judge in memory)."""
 
@@ -104,11 +111,13 @@ class Judge:
                     f"judge {name} trees read {trees.n_features} features; this engine has "
                     f"{len(FEATURES)}"
                 )
-        for name in ("duplicate_bar", "keep_bar", "veto_bar", "queue_bar"):
+        for name in ("duplicate_bar", "keep_bar", "veto_bar", "queue_bar", "dequeue_bar"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"judge {name} must be in [0, 1]")
-        if self.updates is None and (self.veto_bar > 0 or self.queue_bar < 1):
-            raise ValueError("judge veto_bar and queue_bar need update trees")
+        if self.updates is None and (
+            self.veto_bar > 0 or self.queue_bar < 1 or self.dequeue_bar > 0
+        ):
+            raise ValueError("judge veto_bar, queue_bar and dequeue_bar need update trees")
 
     def probabilities(self, rows: np.ndarray) -> np.ndarray:
         return self.trees.probability(rows)
@@ -121,6 +130,7 @@ class Judge:
             judge_keep=self.keep_bar,
             judge_veto=self.veto_bar,
             judge_queue=self.queue_bar,
+            judge_dequeue=self.dequeue_bar,
         )
 
     def amend(
@@ -129,21 +139,22 @@ class Judge:
         """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, or for a
         review); ``evidence`` is every candidate the rule saw, ``fact`` the fact's text."""
         action = verdict.action
-        if not policy.judge or action not in ("add", "skip", "replace"):
+        if not policy.judge or action not in ("add", "skip", "replace", "review"):
             return verdict
         has = self.updates is not None
         veto = has and action == "replace" and policy.judge_veto > 0
         queue = has and action == "add" and policy.mode == "review" and policy.judge_queue < 1
-        if action == "replace" and not veto:
+        dequeue = has and action == "review" and _dequeues(policy)
+        if action in ("replace", "review") and not (veto or dequeue):
             return verdict
         chosen, rows = features(evidence, fact, policy.floor)
         if not chosen:
             return verdict
         ids = [e.memory_id for e in chosen]
         update = None
-        if (veto or queue) and self.updates is not None:
+        if (veto or queue or dequeue) and self.updates is not None:
             update = dict(zip(ids, map(float, self.updates.probability(rows)), strict=True))
-        if action == "replace":
+        if action in ("replace", "review"):
             return amended(verdict, {}, policy, update)
         probs = self.probabilities(rows)
         return amended(verdict, dict(zip(ids, map(float, probs), strict=True)), policy, update)
@@ -165,12 +176,21 @@ def amended(
 ) -> Verdict:
     """``verdict`` amended by the judged candidates' duplicate probabilities and update
     probabilities (memory id -> probability, most similar first; the update ones read for a
-    replacement's veto and a review's queue): pure, so a fit can replay it over remembered
-    verdicts."""
+    replacement's veto, a review's queue and its dequeue): pure, so a fit can replay it over
+    remembered verdicts."""
     if not policy.judge:
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule
     note: dict[str, str] = {}
+    if action == "review":
+        if not update or not _dequeues(policy) or target is None or target not in update:
+            return verdict
+        if update[target] >= policy.judge_dequeue:
+            return _noted(verdict, {}, {target: update[target]}, note)
+        note[target] = f"judged_not_update:{update[target]:.2f}"
+        return _noted(
+            Verdict("add", None, "judged_not_update", verdict.candidates), {}, update, note
+        )
     if action == "replace":
         if not update or policy.judge_veto <= 0 or target is None or target not in update:
             return verdict  # a target the judge did not read (below the floor, not closest)
@@ -200,6 +220,12 @@ def amended(
         note[target] = f"judged_new:{duplicate[target]:.2f}"
         action, target, rule = "add", None, "judged_new"
     return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, queue or {}, note)
+
+
+def _dequeues(policy: Policy) -> bool:
+    """The seed's review (every conflict queued) with a dequeue bar: a queued conflict the
+    judge doubts is an update is stored as new."""
+    return policy.mode == "review" and policy.review_scope == "all" and policy.judge_dequeue > 0
 
 
 def _noted(

@@ -71,6 +71,7 @@ def save_judge(path: Path, judge: Judge) -> Path:
         "update_trees": None if judge.updates is None else judge.updates.to_dict(),
         "veto_bar": judge.veto_bar,
         "queue_bar": judge.queue_bar,
+        "dequeue_bar": judge.dequeue_bar,
     }
     body[SEAL] = manifest_digest({k: v for k, v in body.items() if k != SEAL})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +117,7 @@ def load_judge(path: Path) -> Judge:
             updates=None if body["update_trees"] is None else Boost.from_dict(body["update_trees"]),
             veto_bar=float(body["veto_bar"]),
             queue_bar=float(body["queue_bar"]),
+            dequeue_bar=float(body["dequeue_bar"]),
             models=body.get("models") or {},
             provenance=body.get("provenance") or {},
             seal=str(body[SEAL]),
