@@ -191,25 +191,11 @@ def git_info() -> dict[str, Any]:
     return {"sha": sha or "unknown", "dirty": dirty}
 
 
-_ISA = (
-    "sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_vnni avx_vnni avx512_bf16 "
-    "avx512_fp16 amx_tile amx_int8 amx_bf16 neon asimddp sve"
-).split()
-
-
 def _cpuinfo() -> tuple[str, list[str]]:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = set(value.split())
-    except OSError:
-        pass
-    return model, [f for f in _ISA if f in flags]
+    from engine.runtime.cpu import cpu
+
+    model, isa = cpu()
+    return model, list(isa)
 
 
 def _versions(names: Sequence[str]) -> dict[str, str]:

@@ -5,8 +5,9 @@ memories, M facts in batches of 100, ``--policy`` strict or review, dry run), in
 rounds, the gate's memo caches cleared before each pass (so both arms pay the parser). The
 judge is the one fitted for the served models (``memgate models judge``); its features need
 the claims of the judged candidates and one walk down one set of its trees per fact (the update
-trees for a rule's replacement, which may be held back; both sets for a rule's add under
-review, which may be skipped or queued), inside the ``decide`` phase.
+trees for a rule's replacement, which may be held back, and for a conflict review queues, which
+may be stored instead; both sets for a rule's add under review, which may be skipped or
+queued), inside the ``decide`` phase.
 
     python benchmarks/bench_judge.py --cache-dir $MEMGATE_HOME                 # N = 1,000
     python benchmarks/bench_judge.py --sizes 1000,10000 --rounds 3

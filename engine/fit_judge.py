@@ -17,10 +17,10 @@
    that skip no more new facts and updates than the rule alone (lost information), the one with
    the most correct decisions. The veto bar, with those: the one with the most correct
    decisions less ``OVERWRITE_COST`` for each wrongful overwrite (a wrongful overwrite is worse
-   than a missed update). See :func:`choose_bars`. The queue bar (review policies): review's
-   rule verdicts amended the same way, the bar with the most true updates queued with the right
-   target among those that queue at most ``QUEUE_BUDGET`` of the adds and skips
-   (:func:`choose_queue`). The figures of the rule alone and
+   than a missed update). See :func:`choose_bars`. The queue and dequeue bars (the seed's
+   review): review's rule verdicts amended the same way, the pair with the most true updates
+   queued with the right target among those that queue at most ``QUEUE_BUDGET`` of the adds and
+   skips (:func:`choose_queue`). The figures of the rule alone and
    with the judge at those bars are the cross-validated estimate, recorded in the judge file and
    printed. (The bars are chosen on the same out-of-fold probabilities they are scored with:
    three numbers, a small optimism; ``benchmarks/cv_judge.py`` chooses them without the set it
@@ -57,6 +57,7 @@ from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
 from engine.gate.policy import decide as rule
+from engine.runtime.cpu import cpu
 from engine.scoring import review_measures, score
 
 __all__ = [
@@ -399,6 +400,8 @@ def fit_judge(
         "queue_budget": QUEUE_BUDGET,
         "floor": floor,
         "settings": settings.__dict__,
+        "cpu": cpu()[0],
+        "isa": list(cpu()[1]),
         "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
         "cross_validation": {
             "folds": "leave one set out" if len({it.group for it in items}) >= 3 else "5 folds",
@@ -431,9 +434,9 @@ def _up_to_date(
     given: bool,
 ) -> str:
     """Why the judge at ``path`` needs no fit ("" when it does): it was fitted with these
-    models and settings, and on ``sets``; or, when these are the checkout's sets (not
-    ``given``), on sets a user gave, which a plain ``memgate models judge`` (``make models``)
-    keeps."""
+    models and settings, on this CPU's instruction sets, and on ``sets``; or, when these are the
+    checkout's sets (not ``given``), on sets a user gave, which a plain ``memgate models judge``
+    (``make models``) keeps wherever they were fitted."""
     from engine.errors import ModelError
     from engine.gate.judge.store import load_judge
 
@@ -453,6 +456,8 @@ def _up_to_date(
     )
     if not same:
         return ""
+    if not p.get("sets_given") and p.get("isa") != list(cpu()[1]):
+        return ""  # fitted with another CPU's kernels (int8 scores differ a little): refit here
     if not given and p.get("sets_given"):
         names = ", ".join(str(s.get("name")) for s in p.get("sets", []))
         return f"fitted on your own sets ({names}): kept; --force refits on this checkout's"

@@ -434,6 +434,49 @@ def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path:
     assert find_judge(tmp_path, emb, _runtime("nli-deberta-v3-small", "int8", "dd")) is None
 
 
+def test_a_judge_fitted_on_a_cpu_of_other_instruction_sets_is_served_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from engine.runtime.cpu import cpu
+
+    emb, nli = _runtime("minilm", "fp32", "aa"), _runtime("aegis-nli", "int8", "bb")
+    models = {
+        "embedder": {"name": "minilm", "variant": "fp32", "model_sha256": "aa"},
+        "nli": {"name": "aegis-nli", "variant": "int8", "model_sha256": "bb"},
+    }
+    path = judge_path(tmp_path, models["embedder"], models["nli"])
+    here = {"cpu": cpu()[0], "isa": list(cpu()[1])}
+    other = {"cpu": "Some Other CPU", "isa": ["sse4_2", "avx", "avx2"]}
+    if other["isa"] == here["isa"]:
+        other["isa"] = ["neon"]
+    for provenance, warned in ((here, False), (other, True), ({}, False)):
+        save_judge(path, replace(_tiny_judge(), models=models, provenance=provenance))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="memgate.judge"):
+            assert find_judge(tmp_path, emb, nli) is not None  # served either way
+        assert ("other instruction sets" in caplog.text) is warned
+        if warned:
+            assert "Some Other CPU" in caplog.text and "--force" in caplog.text
+
+
+def test_the_cpu_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    import platform
+
+    from engine.runtime.cpu import ISA, cpu
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu avx2 sse4_2 amx_int8 x\n"
+        "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu\n"
+    )
+    model, isa = cpu(info)
+    assert isa == ("sse4_2", "avx2", "amx_int8")  # ISA's order, the first CPU's flags
+    assert list(isa) == [f for f in ISA if f in isa]
+    if platform.processor() in ("", platform.machine()):  # Linux: the name comes from cpuinfo
+        assert model == "Test CPU 9000"
+    assert cpu(tmp_path / "absent")[1] == ()
+
+
 def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
     path = save_judge(tmp_path / "j.json", _tiny_judge())
     body = json.loads(path.read_text())
@@ -513,16 +556,18 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
     from engine.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
+    from engine.runtime.cpu import cpu
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
     ours = [{"name": "heldout", "sha256": "aa", "cases": 120}]
     theirs = [{"name": "mine", "sha256": "bb", "cases": 300}]
 
-    def saved(sets: list[dict[str, object]], given: bool) -> Path:
+    def saved(sets: list[dict[str, object]], given: bool, isa: list[str] | None = None) -> Path:
         provenance = {
             "sets": sets,
             "sets_given": given,
+            "isa": list(cpu()[1]) if isa is None else isa,
             "settings": settings.__dict__,
             "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
             "overwrite_cost": OVERWRITE_COST,
@@ -536,6 +581,12 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
     assert not _up_to_date(path, models, ours + theirs, settings, given=False)  # a new set
     assert not _up_to_date(path, {**models, "nli": {"name": "m"}}, ours, settings, given=False)
     assert not _up_to_date(path, models, ours, BoostSettings(trees=10), given=False)
+    # fitted with another CPU's kernels: refitted here, unless it was fitted on a user's sets
+    elsewhere = ["neon"] if cpu()[1] != ("neon",) else ["avx2"]
+    path = saved(ours, given=False, isa=elsewhere)
+    assert not _up_to_date(path, models, ours, settings, given=False)
+    path = saved(theirs, given=True, isa=elsewhere)
+    assert "your own sets (mine)" in _up_to_date(path, models, ours, settings, given=False)
     path = saved(theirs, given=True)
     assert "your own sets (mine)" in _up_to_date(path, models, ours, settings, given=False)
     assert _up_to_date(path, models, theirs, settings, given=True)

@@ -21,6 +21,7 @@ from engine.gate.judge import FORMAT, Judge
 from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES
 from engine.pipeline.layout import check_name
+from engine.runtime.cpu import cpu
 from engine.runtime.manifest import manifest_digest
 
 __all__ = [
@@ -148,4 +149,22 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
             path,
         )
         return None
+    _warn_other_cpu(path, judge)
     return judge
+
+
+def _warn_other_cpu(path: Path, judge: Judge) -> None:
+    """A judge fitted where the CPU had other instruction sets: its bars were chosen on that
+    CPU's model scores (an int8 model's differ a little between AVX2, VNNI and AMX kernels).
+    Served as it is, with a warning; ``memgate models judge --force`` refits it here."""
+    fitted = judge.provenance.get("isa")
+    here = list(cpu()[1])
+    if fitted is not None and fitted != here:
+        log.warning(
+            "judge %s was fitted on a CPU with other instruction sets (%s; here %s): its bars "
+            "were chosen on that CPU's model scores; `memgate models judge --force` refits it "
+            "here",
+            path,
+            judge.provenance.get("cpu", "?"),
+            cpu()[0],
+        )
