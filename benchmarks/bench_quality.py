@@ -48,25 +48,7 @@ SHARED_EVAL = next(
 DATA = ROOT / "benchmarks" / "data"
 HELDOUT_SETS = {
     "heldout": DATA / "heldout.jsonl",
-    "heldout-2": DATA / "heldout2.jsonl",
-    "heldout-3": DATA / "heldout3.jsonl",
-    "heldout-4": DATA / "heldout4.jsonl",
-    "heldout-5": DATA / "heldout5.jsonl",
-    "heldout-6": DATA / "heldout6.jsonl",
-    "heldout-7": DATA / "heldout7.jsonl",
-    "heldout-8": DATA / "heldout8.jsonl",
-    "heldout-9": DATA / "heldout9.jsonl",
-    "heldout-10": DATA / "heldout10.jsonl",
-    "heldout-11": DATA / "heldout11.jsonl",
-    "heldout-12": DATA / "heldout12.jsonl",
-    "heldout-13": DATA / "heldout13.jsonl",
-    "heldout-14": DATA / "heldout14.jsonl",
-    "heldout-15": DATA / "heldout15.jsonl",
-    "heldout-16": DATA / "heldout16.jsonl",
-    "heldout-17": DATA / "heldout17.jsonl",
-    "heldout-18": DATA / "heldout18.jsonl",
-    "heldout-19": DATA / "heldout19.jsonl",
-    "heldout-20": DATA / "heldout20.jsonl",
+    **{f"heldout-{n}": DATA / f"heldout{n}.jsonl" for n in range(2, 23)},
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

@@ -46,21 +46,7 @@ TUNED_ON = [
     "heldout-6",
     "heldout-7",
 ]
-HELD_OUT = (
-    "heldout-8",
-    "heldout-9",
-    "heldout-10",
-    "heldout-11",
-    "heldout-12",
-    "heldout-13",
-    "heldout-14",
-    "heldout-15",
-    "heldout-16",
-    "heldout-17",
-    "heldout-18",
-    "heldout-19",
-    "heldout-20",
-)
+HELD_OUT = tuple(f"heldout-{n}" for n in range(8, 23))
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],
     "key_match_contradiction": [0.80, 0.90, 0.95],

@@ -1,4 +1,4 @@
-"""heldout4 to heldout20.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout22.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -33,6 +33,8 @@ FROZEN = [
     ("heldout18", "h18", "2dbf542dc0076cffd15667e11a8ea2a87da4dbd366a6421a6440e2b8967e2ac8", 36),
     ("heldout19", "h19", "9f1668c6a5ab6bf75f0f1dee837972e561fc76ab682c47d8e67abe2490c53e28", 36),
     ("heldout20", "h20", "c4ae3d5d4a3486640883535cba06949aca8c3e1722d1f9c615c857a5f468b5d6", 36),
+    ("heldout21", "h21", "334804f45a3045010e1c43baaecd1ce13721b474c5901c82016daa04265434b5", 36),
+    ("heldout22", "h22", "aa2a28ff61bfd1bd6dd669ff9d13184570506755a1dbed2950fdae5c7fc553a9", 36),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
