@@ -191,13 +191,6 @@ def git_info() -> dict[str, Any]:
     return {"sha": sha or "unknown", "dirty": dirty}
 
 
-def _cpuinfo() -> tuple[str, list[str]]:
-    from engine.runtime.cpu import cpu
-
-    model, isa = cpu()
-    return model, list(isa)
-
-
 def _versions(names: Sequence[str]) -> dict[str, str]:
     import importlib.metadata as md
 
@@ -214,14 +207,16 @@ def machine() -> dict[str, Any]:
     """CPU model, cores, ISA flags, memory, OS, library versions and the load when called."""
     import psutil
 
-    model, isa = _cpuinfo()
+    from engine.runtime.cpu import cpu
+
+    model, isa = cpu()
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         usable = os.cpu_count() or 1
     return {
         "cpu": model,
-        "isa": isa,
+        "isa": list(isa),
         "logical_cores": psutil.cpu_count(logical=True),
         "physical_cores": psutil.cpu_count(logical=False),
         "usable_cores": usable,

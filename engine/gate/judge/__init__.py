@@ -136,8 +136,9 @@ class Judge:
     def amend(
         self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
     ) -> Verdict:
-        """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, or for a
-        review); ``evidence`` is every candidate the rule saw, ``fact`` the fact's text."""
+        """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, and for a
+        review except the seed's dequeue); ``evidence`` is every candidate the rule saw, ``fact``
+        the fact's text."""
         action = verdict.action
         if not policy.judge or action not in ("add", "skip", "replace", "review"):
             return verdict

@@ -158,13 +158,13 @@ def _warn_other_cpu(path: Path, judge: Judge) -> None:
     CPU's model scores (an int8 model's differ a little between AVX2, VNNI and AMX kernels).
     Served as it is, with a warning; ``memgate models judge --force`` refits it here."""
     fitted = judge.provenance.get("isa")
-    here = list(cpu()[1])
-    if fitted is not None and fitted != here:
+    model, isa = cpu()
+    if fitted is not None and fitted != list(isa):
         log.warning(
             "judge %s was fitted on a CPU with other instruction sets (%s; here %s): its bars "
             "were chosen on that CPU's model scores; `memgate models judge --force` refits it "
             "here",
             path,
             judge.provenance.get("cpu", "?"),
-            cpu()[0],
+            model,
         )
