@@ -76,6 +76,7 @@ __all__ = [
     "labelled_rows",
     "out_of_fold",
     "replay",
+    "rule_verdicts",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -221,17 +222,26 @@ def out_of_fold(
     return out
 
 
+def rule_verdicts(items: Sequence[Captured], policy: Policy) -> list[Verdict]:
+    """The rule's verdict on each captured case under ``policy``. The judge's bars play no part
+    in it, so a sweep over them computes it once and hands it to :func:`replay`."""
+    return [rule(it.evidence, policy) for it in items]
+
+
 def replay(
     items: Sequence[Captured],
     policy: Policy,
     judged: Sequence[dict[str, float]] | None,
     updates: Sequence[dict[str, float]] | None = None,
+    verdicts: Sequence[Verdict] | None = None,
 ) -> list[dict[str, Any]]:
-    """``policy``'s decisions over captured evidence: the rule's, amended with the judged
-    duplicate (and update) probabilities when given, as the gate amends them."""
+    """``policy``'s decisions over captured evidence: the rule's (``verdicts``, when already
+    computed for a policy that differs from this one in the judge's bars at most), amended with
+    the judged duplicate (and update) probabilities when given, as the gate amends them."""
+    if verdicts is None:
+        verdicts = rule_verdicts(items, policy)
     preds = []
-    for n, it in enumerate(items):
-        v = rule(it.evidence, policy)
+    for n, (it, v) in enumerate(zip(items, verdicts, strict=True)):
         if judged is not None:
             # the judge reads the candidates at or above this policy's floor
             floor_ids = {e.memory_id for e in it.evidence if e.similarity >= policy.floor}
@@ -280,12 +290,13 @@ def choose_bars(
     skipped fact is gone); ties to less lost information, then fewer changes. Then the veto
     bar (0 without ``updates``): the most correct decisions less :data:`OVERWRITE_COST` per
     wrongful overwrite; ties to the lower bar. Returns the bars and their figures."""
-    alone = figures(items, replay(items, policy, None))
+    base = rule_verdicts(items, policy)
+    alone = figures(items, replay(items, policy, None, verdicts=base))
     best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
     for dup in BAR_GRID["duplicate_bar"]:
         for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
             pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
-            m = figures(items, replay(items, pol, judged))
+            m = figures(items, replay(items, pol, judged, verdicts=base))
             if m["lost_information"] > alone["lost_information"]:
                 continue
             key = (_correct(m), -m["lost_information"], dup, -keep)
@@ -305,7 +316,7 @@ def choose_bars(
             judge_keep=bars["keep_bar"],
             judge_veto=veto,
         )
-        m = figures(items, replay(items, pol, judged, updates))
+        m = figures(items, replay(items, pol, judged, updates, base))
         net = (_correct(m) - OVERWRITE_COST * m["wrongful_overwrites"], -veto)
         if top is None or net > top[0]:
             top = (net, veto, m)
@@ -333,14 +344,15 @@ def choose_queue(
     def measures(preds: list[dict[str, Any]]) -> dict[str, Any]:
         return {**figures(items, preds), **review_measures(cases, preds)}
 
-    alone = measures(replay(items, review, None))
+    base = rule_verdicts(items, review)
+    alone = measures(replay(items, review, None, verdicts=base))
     budget = max(QUEUE_BUDGET, alone["adds_skips_queued"] or 0.0)
     pol = replace(review, judge_duplicate=bars["duplicate_bar"], judge_keep=bars["keep_bar"])
     best: tuple[tuple[float, float, float], dict[str, float], dict[str, Any]] | None = None
     for queue in BAR_GRID["queue_bar"]:
         for dequeue in BAR_GRID["dequeue_bar"]:
             bar = replace(pol, judge_queue=queue, judge_dequeue=dequeue)
-            m = measures(replay(items, bar, judged, updates))
+            m = measures(replay(items, bar, judged, updates, base))
             if (queue < 1.0 or dequeue > 0.0) and (m["adds_skips_queued"] or 0.0) > budget:
                 continue
             key = (m["updates_queued_right_target"] or 0.0, queue, -dequeue)
@@ -438,7 +450,7 @@ def _up_to_date(
     checkout's sets (not ``given``), on sets a user gave, which a plain ``memgate models judge``
     (``make models``) keeps wherever they were fitted."""
     from engine.errors import ModelError
-    from engine.gate.judge.store import load_judge
+    from engine.gate.judge.store import fitted_elsewhere, load_judge
 
     if not path.is_file():
         return ""
@@ -456,7 +468,7 @@ def _up_to_date(
     )
     if not same:
         return ""
-    if not p.get("sets_given") and p.get("isa") != list(cpu()[1]):
+    if not p.get("sets_given") and fitted_elsewhere(p):
         return ""  # fitted with another CPU's kernels (int8 scores differ a little): refit here
     if not given and p.get("sets_given"):
         names = ", ".join(str(s.get("name")) for s in p.get("sets", []))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "OlderJudge",
     "SEAL",
     "find_judge",
+    "fitted_elsewhere",
     "judge_path",
     "load_judge",
     "model_identity",
@@ -153,18 +155,23 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
     return judge
 
 
+def fitted_elsewhere(provenance: Mapping[str, Any]) -> bool:
+    """The judge's provenance names other instruction sets than this CPU's (or none): its bars
+    were chosen on another CPU's model scores (an int8 model's differ a little between AVX2,
+    VNNI and AMX kernels)."""
+    return provenance.get("isa") != list(cpu()[1])
+
+
 def _warn_other_cpu(path: Path, judge: Judge) -> None:
-    """A judge fitted where the CPU had other instruction sets: its bars were chosen on that
-    CPU's model scores (an int8 model's differ a little between AVX2, VNNI and AMX kernels).
-    Served as it is, with a warning; ``memgate models judge --force`` refits it here."""
-    fitted = judge.provenance.get("isa")
-    model, isa = cpu()
-    if fitted is not None and fitted != list(isa):
+    """A judge fitted where the CPU had other instruction sets (:func:`fitted_elsewhere`; one
+    that does not say is not warned about): served as it is, with a warning; ``memgate models
+    judge --force`` refits it here."""
+    if "isa" in judge.provenance and fitted_elsewhere(judge.provenance):
         log.warning(
             "judge %s was fitted on a CPU with other instruction sets (%s; here %s): its bars "
             "were chosen on that CPU's model scores; `memgate models judge --force` refits it "
             "here",
             path,
             judge.provenance.get("cpu", "?"),
-            model,
+            cpu()[0],
         )
