@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         figures,
         labelled_rows,
         replay,
+        with_bars,
     )
     from engine.fit_judge import out_of_fold as oof
     from engine.gate.gate import policy_for
@@ -91,19 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         bars, _ = choose_bars(r_items, strict, r_judged, r_updates)
         queued, _, _ = choose_queue(r_items, review0, r_judged, r_updates, bars)
         bars.update(queued)
-        pol = replace(
-            strict,
-            judge_duplicate=bars["duplicate_bar"],
-            judge_keep=bars["keep_bar"],
-            judge_veto=bars["veto_bar"],
-        )
-        review = replace(
-            review0,
-            judge_duplicate=pol.judge_duplicate,
-            judge_keep=pol.judge_keep,
-            judge_queue=bars["queue_bar"],
-            judge_dequeue=bars["dequeue_bar"],
-        )
+        # every bar on both policies, as the gate serves a fitted judge (Judge.policy)
+        pol, review = with_bars(strict, bars), with_bars(review0, bars)
         its, js = [items[i] for i in held], [judged[i] for i in held]
         us = [updates[i] for i in held]
         rec: dict[str, Any] = {"set": name, "bars": bars}

@@ -93,6 +93,14 @@ BAR_GRID: dict[str, tuple[float, ...]] = {
     "queue_bar": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dequeue_bar": (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3),
 }
+BAR_FIELDS: dict[str, str] = {
+    "duplicate_bar": "judge_duplicate",
+    "keep_bar": "judge_keep",
+    "veto_bar": "judge_veto",
+    "queue_bar": "judge_queue",
+    "dequeue_bar": "judge_dequeue",
+}
+"""The policy field each of a judge's bars sets (:meth:`engine.gate.judge.Judge.policy`)."""
 QUEUE_BUDGET = 0.10
 """The share of adds and skips a review policy may queue needlessly when the queue bar is
 chosen (issue 12's bound on a reviewer's wasted work): the bar queues as many true updates as
@@ -222,6 +230,12 @@ def out_of_fold(
     return out
 
 
+def with_bars(policy: Policy, bars: dict[str, float]) -> Policy:
+    """``policy`` with the judge's ``bars`` (keys of :data:`BAR_GRID`) that are given, as
+    :meth:`engine.gate.judge.Judge.policy` serves a fitted judge's."""
+    return replace(policy, **{BAR_FIELDS[name]: bar for name, bar in bars.items()})
+
+
 def rule_verdicts(items: Sequence[Captured], policy: Policy) -> list[Verdict]:
     """The rule's verdict on each captured case under ``policy``. The judge's bars play no part
     in it, so a sweep over them computes it once and hands it to :func:`replay`."""
@@ -310,12 +324,7 @@ def choose_bars(
         return bars, chosen
     top: tuple[tuple[float, ...], float, dict[str, Any]] | None = None
     for veto in BAR_GRID["veto_bar"]:
-        pol = replace(
-            policy,
-            judge_duplicate=bars["duplicate_bar"],
-            judge_keep=bars["keep_bar"],
-            judge_veto=veto,
-        )
+        pol = with_bars(policy, {**bars, "veto_bar": veto})
         m = figures(items, replay(items, pol, judged, updates, base))
         net = (_correct(m) - OVERWRITE_COST * m["wrongful_overwrites"], -veto)
         if top is None or net > top[0]:
@@ -347,7 +356,7 @@ def choose_queue(
     base = rule_verdicts(items, review)
     alone = measures(replay(items, review, None, verdicts=base))
     budget = max(QUEUE_BUDGET, alone["adds_skips_queued"] or 0.0)
-    pol = replace(review, judge_duplicate=bars["duplicate_bar"], judge_keep=bars["keep_bar"])
+    pol = with_bars(review, {k: bars[k] for k in ("duplicate_bar", "keep_bar")})
     best: tuple[tuple[float, float, float], dict[str, float], dict[str, Any]] | None = None
     for queue in BAR_GRID["queue_bar"]:
         for dequeue in BAR_GRID["dequeue_bar"]:

@@ -554,6 +554,27 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
     assert np.allclose(model.margin(probe), expected, atol=1e-12)
 
 
+def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None:
+    from engine.fit_judge import BAR_GRID, with_bars
+
+    judge = _tiny_judge(bar=0.65, veto=0.3, queue=0.7, dequeue=0.15)
+    bars = {
+        "duplicate_bar": judge.duplicate_bar,
+        "keep_bar": judge.keep_bar,
+        "veto_bar": judge.veto_bar,
+        "queue_bar": judge.queue_bar,
+        "dequeue_bar": judge.dequeue_bar,
+    }
+    assert set(bars) == set(BAR_GRID)
+    for base in (STRICT, REVIEW):
+        assert with_bars(base, bars) == judge.policy(base)
+    # only the bars given change
+    partial = with_bars(STRICT, {"veto_bar": 0.3})
+    assert partial == replace(STRICT, judge_veto=0.3)
+    with pytest.raises(KeyError):
+        with_bars(STRICT, {"veto": 0.3})
+
+
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
     from engine.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
     from engine.runtime.cpu import cpu

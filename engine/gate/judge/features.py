@@ -175,6 +175,13 @@ def features(
     rows = []
     top = ranked[0].similarity if ranked else 0.0
     for i, e in enumerate(chosen):
+        # above_next: the gap to the memory ranked just below the i-th judged candidate's
+        # *judged* position, which is its own next neighbour unless a sibling (left out of the
+        # judged) ranks above it; then it reads the gap to itself (0) or to a sibling above it
+        # (negative), so it also tells the trees that a sibling outranks the candidate. Taking
+        # the true neighbour instead was measured twice and not adopted (session 14: wrongful
+        # overwrites 70 -> 84 nested; session 15, with explicit sibling and contradiction
+        # context columns: 70 -> 73, net +2). Fit and gate compute it alike.
         after = ranked[i + 1].similarity if i + 1 < len(ranked) else 0.0
         rows.append(
             [
