@@ -233,7 +233,8 @@ def out_of_fold(
 def with_bars(policy: Policy, bars: dict[str, float]) -> Policy:
     """``policy`` with the judge's ``bars`` (keys of :data:`BAR_GRID`) that are given, as
     :meth:`engine.gate.judge.Judge.policy` serves a fitted judge's."""
-    return replace(policy, **{BAR_FIELDS[name]: bar for name, bar in bars.items()})
+    fields: dict[str, Any] = {BAR_FIELDS[name]: bar for name, bar in bars.items()}
+    return replace(policy, **fields)
 
 
 def rule_verdicts(items: Sequence[Captured], policy: Policy) -> list[Verdict]:

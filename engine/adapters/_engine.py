@@ -8,7 +8,6 @@ so pointing the adapters at another engine facade means adding one class here.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -161,23 +160,27 @@ def open_local(data_dir: str | Path, *, cache_dir: str | Path | None = None) -> 
     (default: ``$MEMGATE_HOME``, else ``~/.cache/memgate``); closing the adapter closes it."""
     from engine.app import EngineSettings, open_engine
 
-    if cache_dir is None:
-        cache_dir = os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate"
-    opened = open_engine(EngineSettings(data_dir=Path(data_dir), cache_dir=Path(cache_dir)))
+    cache = local_cache_dir(cache_dir)
+    opened = open_engine(EngineSettings(data_dir=Path(data_dir), cache_dir=cache))
     return LocalEngine(opened.gate, owner=opened)
 
 
+def local_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """``cache_dir``, or the default one: ``$MEMGATE_HOME``, else ``~/.cache/memgate``."""
+    from engine.cli.common import default_cache_dir
+
+    return default_cache_dir() if cache_dir is None else Path(cache_dir)
+
+
 def load_local_models(cache_dir: str | Path | None = None) -> tuple[Any, Any]:
-    """The default embedder and NLI model of ``cache_dir`` (default: ``$MEMGATE_HOME``, else
-    ``~/.cache/memgate``), loaded and warmed up, for an adapter that scores without a store."""
+    """The default embedder and NLI model of ``cache_dir`` (:func:`local_cache_dir`), loaded
+    and warmed up, for an adapter that scores without a store."""
     from engine.runtime.loader import load_models
 
-    if cache_dir is None:
-        cache_dir = os.environ.get("MEMGATE_HOME") or Path.home() / ".cache" / "memgate"
-    embedder, nli = load_models(Path(cache_dir))
+    embedder, nli = load_models(local_cache_dir(cache_dir))
     embedder.warmup()
     nli.warmup()
     return embedder, nli
 
 
-__all__ += ["load_local_models"]  # added apart, so the list above merges unchanged
+__all__ += ["load_local_models", "local_cache_dir"]  # apart, so the list above merges unchanged

@@ -19,8 +19,9 @@ EXISTING FACTS (same endpoints) and the FACT INVALIDATION CANDIDATES with one co
 unrelated facts there (getzep/graphiti #1728: 41% of ~3,950 facts invalidated, most of them
 collateral). This client passes every call to the wrapped client unchanged; for that one
 response it decides the NEW FACT against the listed facts with the gate's own steps
-(normalise, embed, relate, NLI with the listed fact as premise, weigh, the policy's rule; no
-memgate store is read or written) and keeps a contradiction only where the gate agrees:
+(normalise, embed, relate, NLI with the listed fact as premise, weigh, the policy's rule and
+the judge fitted for these models, as the gate's; no memgate store is read or written) and
+keeps a contradiction only where the gate agrees:
 
 ======== ==========================================================================================
 kept     the gate replaces exactly this fact (strict: the single most similar fact that clears
@@ -52,11 +53,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine.adapters._common import missing_extra
-from engine.adapters._engine import LocalEngine, as_gate_engine, load_local_models
+from engine.adapters._engine import (
+    LocalEngine,
+    as_gate_engine,
+    load_local_models,
+    local_cache_dir,
+)
 from engine.errors import InvalidInput
 from engine.gate import keys as keymod
 from engine.gate.embed import embed
 from engine.gate.gate import GateSettings, decide_recalled, policy_for, validate_fact
+from engine.gate.judge import VerdictJudge
+from engine.gate.judge.store import find_judge
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder
@@ -154,7 +162,7 @@ class GatedLLMClient(LLMClient):
                 "engine.app.Engine, a Gate or a LocalEngine (a remote MemgateClient cannot)"
             )
         gate = gate_engine.gate
-        self._init(inner, gate.embedder, gate.nli, gate.settings, settings, on_decision)
+        self._init(inner, gate.embedder, gate.nli, gate.settings, settings, on_decision, gate.judge)
 
     @classmethod
     def local(
@@ -171,8 +179,9 @@ class GatedLLMClient(LLMClient):
         base = settings or GatedLLMSettings()
         settings = GatedLLMSettings(**{**base.__dict__, "policy": policy})
         embedder, nli = load_local_models(cache_dir)
+        fitted = find_judge(local_cache_dir(cache_dir), embedder, nli)
         self = cls.__new__(cls)
-        self._init(inner, embedder, nli, GateSettings(), settings, on_decision)
+        self._init(inner, embedder, nli, GateSettings(), settings, on_decision, fitted)
         return self
 
     def _init(
@@ -183,6 +192,7 @@ class GatedLLMClient(LLMClient):
         gate_settings: GateSettings,
         settings: GatedLLMSettings | None,
         on_decision: Callable[[Invalidation], None] | None,
+        fitted: VerdictJudge | None = None,
     ) -> None:
         if not isinstance(inner, LLMClient):
             raise InvalidInput(
@@ -197,11 +207,14 @@ class GatedLLMClient(LLMClient):
         self.embedder = embedder
         self.nli = nli
         self.gate_settings = gate_settings
+        self.verdict_judge = fitted
+        """The judge fitted for these models (the engine's, or the one ``local`` found in the
+        cache), or None: the rule decides alone, as the gate does without one."""
         self.settings = settings or GatedLLMSettings()
         self.on_decision = on_decision
         self.decisions: deque[Invalidation] = deque(maxlen=self.settings.keep_decisions)
         """The most recent records, oldest first."""
-        self._policy = policy_for(self.settings.policy, nli, embedder).with_overrides(
+        self._policy = policy_for(self.settings.policy, nli, embedder, fitted).with_overrides(
             dict(self.settings.overrides)
         )
         self._lock = threading.Lock()
@@ -271,6 +284,7 @@ class GatedLLMClient(LLMClient):
                 self._policy,
                 self.gate_settings,
                 ids=[f"idx:{i}" for i in idxs],
+                fitted=self.verdict_judge,
             )
 
     async def _recheck(self, listing: _Listing, response: Any) -> Any:
@@ -306,11 +320,14 @@ def judge(
     settings: GateSettings | None = None,
     *,
     ids: Sequence[str] | None = None,
+    fitted: VerdictJudge | None = None,
 ) -> Decision:
     """The gate's decision for ``text`` against ``facts`` as the only memories: the steps of
     :meth:`engine.gate.gate.Gate.triage` (plan, embed, then :func:`decide_recalled`) with the
     facts in place of a recall, and no store. ``ids`` name the facts in the decision
-    (default ``"0"``, ``"1"`` ...); like recall, the ``policy.top_k`` most similar are kept."""
+    (default ``"0"``, ``"1"`` ...); like recall, the ``policy.top_k`` most similar are kept.
+    ``fitted`` is the judge fitted for these models (its amendment, as the gate's), when the
+    caller has one; ``policy`` should then carry its bars (:func:`policy_for` with it)."""
     if ids is None:
         ids = [str(i) for i in range(len(facts))]
     if len(ids) != len(facts):
@@ -330,7 +347,9 @@ def judge(
             Hit(Ref(ids[i], facts[i], None, _key_str(facts[i])), sims[i], rank)
             for rank, i in enumerate(order)
         ]
-    [decision], _ = decide_recalled([probe], embedder, nli, policy, lambda namespace, key: None)
+    [decision], _ = decide_recalled(
+        [probe], embedder, nli, policy, lambda namespace, key: None, judge=fitted
+    )
     return decision
 
 

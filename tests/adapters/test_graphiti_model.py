@@ -137,6 +137,14 @@ def test_review_policy_invalidates_nothing(
     assert _invalidated(edges) == set()
     outcomes = {r.existing_fact: r.outcome for r in llm.decisions}
     assert outcomes == {"Alice lives in Denver.": "review", "Alice works at Acme.": "dropped"}
+    # the client found the judge fitted for these models in the cache, as the engine does,
+    # and decides under its bars
+    from engine.gate.gate import policy_for
+    from engine.gate.judge.store import find_judge
+
+    fitted = find_judge(cache_dir, *models)
+    assert (llm.verdict_judge is None) == (fitted is None)
+    assert llm._policy == policy_for("review", models[1], models[0], fitted)
 
 
 def _edge(fact: str, at: datetime, target: str) -> EntityEdge:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from _passthrough import PassThroughEngine
 
@@ -143,6 +144,59 @@ def test_indices_of_the_second_list_map_past_the_first(fake_gate: Any) -> None:
         (0, DOOR, "dropped"),
         (1, ALPHA, "kept"),
     ]
+
+
+def _doubting_judge(veto: float) -> Any:
+    """A real fitted judge (trees over its named columns) that finds no candidate a duplicate
+    nor an update: every probability is near 0, under any bar above it."""
+    from engine.gate.judge import Judge
+    from engine.gate.judge.boost import BoostSettings, fit
+    from engine.gate.judge.features import FEATURES
+
+    x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.0, 1.0, 40)])
+    small = BoostSettings(trees=5, max_leaves=2, min_leaf=3)
+    never = fit(x, np.zeros(len(x)), small)
+    return Judge(never, 0.99, 0.0, {}, {"note": "synthetic"}, updates=never, veto_bar=veto)
+
+
+def test_the_engines_judge_holds_back_a_replacement_as_the_gate_does(tmp_path: Path) -> None:
+    """The client decides with the gate's fitted judge and its bars: a replacement the judge
+    doubts is held back (strict adds), so Graphiti keeps the fact valid."""
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager
+    from engine.store import SQLiteStore
+
+    table = {(ALPHA, BETA): BOTH_WAYS, (BETA, ALPHA): BOTH_WAYS}
+    store = SQLiteStore(tmp_path / "memgate.db")
+    try:
+        for veto, expected in ((0.0, [ALPHA]), (0.5, [])):
+            gate = Gate(
+                store,
+                IndexManager(store.iter_active_embeddings),
+                FakeEmbedder(),
+                FakeNLI(table),
+                judge=_doubting_judge(veto),
+            )
+            llm = GatedLLMClient(_script(all_listed), gate)
+            assert llm._policy.judge_veto == veto  # the judge's bar, as the gate's strict
+            assert _resolve(llm, [ALPHA], []) == expected
+            [record] = llm.decisions
+            if veto:
+                assert record.decision.rule == "judged_not_update"
+                assert (record.outcome, record.reason.split(":")[0]) == (
+                    "dropped",
+                    "judged_not_update",
+                )
+                assert record.decision.candidates[0].update == pytest.approx(0.0, abs=0.05)
+            else:
+                assert record.outcome == "kept" and record.decision.action == "replace"
+        # off per request, as on the gate: {"judge": false} among the client's overrides
+        off = GatedLLMClient(
+            _script(all_listed), gate, settings=GatedLLMSettings(overrides=(("judge", False),))
+        )
+        assert _resolve(off, [ALPHA], []) == [ALPHA]
+    finally:
+        store.close()
 
 
 def test_review_policy_invalidates_nothing_and_reports_it(fake_gate: Any) -> None:
