@@ -48,7 +48,7 @@ SHARED_EVAL = next(
 DATA = ROOT / "benchmarks" / "data"
 HELDOUT_SETS = {
     "heldout": DATA / "heldout.jsonl",
-    **{f"heldout-{n}": DATA / f"heldout{n}.jsonl" for n in range(2, 23)},
+    **{f"heldout-{n}": DATA / f"heldout{n}.jsonl" for n in range(2, 25)},
 }
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar

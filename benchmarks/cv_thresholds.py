@@ -46,7 +46,7 @@ TUNED_ON = [
     "heldout-6",
     "heldout-7",
 ]
-HELD_OUT = tuple(f"heldout-{n}" for n in range(8, 23))
+HELD_OUT = tuple(f"heldout-{n}" for n in range(8, 25))
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],
     "key_match_contradiction": [0.80, 0.90, 0.95],

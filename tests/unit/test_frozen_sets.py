@@ -1,4 +1,4 @@
-"""heldout4 to heldout22.jsonl are frozen: each one's sha256 is the one in its section of
+"""heldout4 to heldout24.jsonl are frozen: each one's sha256 is the one in its section of
 benchmarks/data/README.md, the category table there matches the file, and it passes the
 structure and `[trap]` checks of check_traps.py (standard library only, no model)."""
 
@@ -35,6 +35,8 @@ FROZEN = [
     ("heldout20", "h20", "c4ae3d5d4a3486640883535cba06949aca8c3e1722d1f9c615c857a5f468b5d6", 36),
     ("heldout21", "h21", "334804f45a3045010e1c43baaecd1ce13721b474c5901c82016daa04265434b5", 36),
     ("heldout22", "h22", "aa2a28ff61bfd1bd6dd669ff9d13184570506755a1dbed2950fdae5c7fc553a9", 36),
+    ("heldout23", "h23", "061065b501c58e2f81824caefbe821cd1b952347e4e6228d2f8172f728bb59b8", 40),
+    ("heldout24", "h24", "f3eaa4f406e3806040bccdecc50b268a3151521c23183d95a8ea08203372a6d5", 38),
 ]
 pytestmark = pytest.mark.parametrize(
     ("stem", "prefix", "sha256", "min_traps"), FROZEN, ids=[f[0] for f in FROZEN]
