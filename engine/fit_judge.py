@@ -52,7 +52,7 @@ import numpy as np
 from engine.calibrate import finite, sha256_of
 from engine.errors import InvalidInput
 from engine.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
-from engine.gate.judge import Judge, amended
+from engine.gate.judge import Judge, amended, with_bars
 from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
@@ -93,14 +93,6 @@ BAR_GRID: dict[str, tuple[float, ...]] = {
     "queue_bar": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     "dequeue_bar": (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3),
 }
-BAR_FIELDS: dict[str, str] = {
-    "duplicate_bar": "judge_duplicate",
-    "keep_bar": "judge_keep",
-    "veto_bar": "judge_veto",
-    "queue_bar": "judge_queue",
-    "dequeue_bar": "judge_dequeue",
-}
-"""The policy field each of a judge's bars sets (:meth:`engine.gate.judge.Judge.policy`)."""
 QUEUE_BUDGET = 0.10
 """The share of adds and skips a review policy may queue needlessly when the queue bar is
 chosen (issue 12's bound on a reviewer's wasted work): the bar queues as many true updates as
@@ -228,13 +220,6 @@ def out_of_fold(
         out.append({m: float(probs[k + j]) for j, m in enumerate(memory_ids)})
         k += len(memory_ids)
     return out
-
-
-def with_bars(policy: Policy, bars: dict[str, float]) -> Policy:
-    """``policy`` with the judge's ``bars`` (keys of :data:`BAR_GRID`) that are given, as
-    :meth:`engine.gate.judge.Judge.policy` serves a fitted judge's."""
-    fields: dict[str, Any] = {BAR_FIELDS[name]: bar for name, bar in bars.items()}
-    return replace(policy, **fields)
 
 
 def rule_verdicts(items: Sequence[Captured], policy: Policy) -> list[Verdict]:

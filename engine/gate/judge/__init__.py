@@ -54,7 +54,7 @@ from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES, features
 from engine.gate.policy import Evidence, Policy, Verdict
 
-__all__ = ["FORMAT", "Judge", "VerdictJudge", "amended"]
+__all__ = ["BAR_FIELDS", "FORMAT", "Judge", "VerdictJudge", "amended", "with_bars"]
 
 FORMAT = "memgate-judge/3"
 """Version 3: the thirteen structure columns of :data:`~engine.gate.judge.features.FEATURES`
@@ -70,6 +70,23 @@ class VerdictJudge(Protocol):
     def amend(
         self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
     ) -> Verdict: ...
+
+
+BAR_FIELDS: dict[str, str] = {
+    "duplicate_bar": "judge_duplicate",
+    "keep_bar": "judge_keep",
+    "veto_bar": "judge_veto",
+    "queue_bar": "judge_queue",
+    "dequeue_bar": "judge_dequeue",
+}
+"""The policy field each of a judge's bars sets."""
+
+
+def with_bars(policy: Policy, bars: Mapping[str, float]) -> Policy:
+    """``policy`` with the judge's ``bars`` (keys of :data:`BAR_FIELDS`) that are given: how a
+    fitted judge's bars are served (:meth:`Judge.policy`) and how a fit tries them."""
+    fields: dict[str, Any] = {BAR_FIELDS[name]: bar for name, bar in bars.items()}
+    return replace(policy, **fields)
 
 
 @dataclass(frozen=True)
@@ -124,13 +141,15 @@ class Judge:
 
     def policy(self, policy: Policy) -> Policy:
         """``policy`` with this judge's bars (a named policy runs with them)."""
-        return replace(
+        return with_bars(
             policy,
-            judge_duplicate=self.duplicate_bar,
-            judge_keep=self.keep_bar,
-            judge_veto=self.veto_bar,
-            judge_queue=self.queue_bar,
-            judge_dequeue=self.dequeue_bar,
+            {
+                "duplicate_bar": self.duplicate_bar,
+                "keep_bar": self.keep_bar,
+                "veto_bar": self.veto_bar,
+                "queue_bar": self.queue_bar,
+                "dequeue_bar": self.dequeue_bar,
+            },
         )
 
     def amend(
