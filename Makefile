@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 CACHE   ?= $(or $(MEMGATE_HOME),$(HOME)/.cache/memgate)
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup models demo serve test test-fast reliability lint typecheck proto bench clean interop-deps
+.PHONY: setup models demo serve test test-fast reliability lint typecheck proto bench clean interop-deps system-deps check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -37,13 +37,29 @@ demo: models
 serve: models
 	$(BIN)/memgate --cache-dir $(CACHE) serve
 
-test: models
+test: models interop-deps
 	MEMGATE_HOME=$(CACHE) $(BIN)/python -m pytest -q
 
-# The Node.js interop client's pinned packages (tests/interop/package-lock.json); the test
-# skips only when node is absent, so install them wherever node is.
+# The Node.js interop client's pinned packages (tests/interop/package-lock.json), wherever
+# node and npm are; without them the interop tests skip and say why.
+INTEROP := tests/interop/node_modules/.installed
 interop-deps:
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+	  $(MAKE) --no-print-directory $(INTEROP); \
+	else echo "node/npm absent: the Node.js interop tests will skip"; fi
+
+$(INTEROP): tests/interop/package-lock.json
 	cd tests/interop && npm ci --no-audit --no-fund
+	touch $@
+
+# Debian's PostgreSQL server binaries for the replica and store tests (they skip without
+# them, naming this target). Needs root (or sudo) and apt; does nothing when present.
+system-deps:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then echo "PostgreSQL: present"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; fi
+
+# What CI runs, fastest first: style, types, the unit tests (no models), then the whole suite.
+check: lint typecheck test-fast test
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit

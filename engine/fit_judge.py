@@ -29,7 +29,7 @@
    (:mod:`engine.gate.judge.store`).
 
 Without ``--cases`` the labelled sets of this checkout are used: ``benchmarks/data``'s
-heldout, heldout2 ... heldout16 and the shared ``dev.jsonl`` next to the checkout when present.
+heldout, heldout2 ... heldout16 (nothing outside the repository is read).
 heldout17 to heldout24 are never among them, nor accepted by ``--cases``: they are the held-out
 measuring sticks. (heldout11 to heldout16 were, until each had been looked at; adding them to
 the eleven sets changed the judge's leave-one-set-out figures by a few decisions in 4,315:
@@ -107,14 +107,9 @@ a cost of 2 held back 5 of 49 wrongful overwrites for 22 correct decisions, 3 he
 
 
 def default_sets() -> list[Path]:
-    """The shared ``dev.jsonl`` (when next to the checkout) and ``benchmarks/data``'s sets."""
-    shared = [
-        p / "shared" / "eval" / "dev.jsonl"
-        for p in (ROOT.parent, ROOT.parent.parent)
-        if (p / "shared" / "eval" / "dev.jsonl").is_file()
-    ]
-    found = [DATA / f"{name}.jsonl" for name in TRAINING_SETS if (DATA / f"{name}.jsonl").is_file()]
-    return shared[:1] + found
+    """The checkout's training sets (``benchmarks/data``): nothing outside the repository, so
+    the judge a user fits is the one CI fits."""
+    return [DATA / f"{name}.jsonl" for name in TRAINING_SETS if (DATA / f"{name}.jsonl").is_file()]
 
 
 @dataclass(frozen=True)

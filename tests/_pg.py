@@ -35,7 +35,7 @@ __all__ = ["PgCluster", "find_bin", "free_port", "pg_cluster", "pg_dsn", "reap_s
 USER = "memgate-pg"
 SKIP_REASON = (
     "no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package "
-    "(.ci/run does) to run the PostgreSQL store tests"
+    "(`make system-deps`) to run the PostgreSQL store tests"
 )
 
 

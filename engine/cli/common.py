@@ -93,11 +93,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="a postgresql:// DSN shared by replicas (default: $MEMGATE_STORE; unset: SQLite "
         "in --data-dir)",
     )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime placement"
+    )
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
-    p.add_argument("--nli-variant", default="auto")
-    p.add_argument("--embedder-variant", default="fp32")
+    p.add_argument(
+        "--nli-variant", default="auto", help="NLI artefact variant (int8, fp32, ...), or auto"
+    )
+    p.add_argument("--embedder-variant", default="fp32", help="embedder artefact variant")
     p.add_argument(
         "--allow-random-weights",
         action="store_true",

@@ -20,17 +20,28 @@ PROG = "memgate serve"
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve the gate over gRPC (health, metrics, auth, TLS)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: all interfaces)")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=int, default=50051, help="gRPC port")
     p.add_argument(
         "--tokens-file", help='JSON {"token": ["namespace prefix", ...]}; absent: auth off'
     )
     p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key: TLS only)")
     p.add_argument("--tls-key", help="PEM private key")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: off)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="bind address of the metrics port")
     p.add_argument("--reflection", action="store_true", help="serve gRPC reflection (v1, v1alpha)")
-    p.add_argument("--grace", type=float, default=10.0, help="drain seconds on SIGTERM")
-    p.add_argument("--max-request-facts", type=int, default=256)
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="on SIGTERM: health NOT_SERVING, new calls UNAVAILABLE, in-flight calls get this "
+        "many seconds",
+    )
+    p.add_argument(
+        "--max-request-facts",
+        type=int,
+        default=256,
+        help="most facts in one Triage or Write (more: INVALID_ARGUMENT)",
+    )
     p.add_argument(
         "--max-text-bytes",
         type=int,
@@ -56,11 +67,23 @@ def register(sub: Any) -> None:
         default=16,
         help="the delay budget never admits fewer facts in flight than this",
     )
-    p.add_argument("--max-batch-facts", type=int, default=256)
-    p.add_argument("--max-batch-tokens", type=int, default=16384)
-    p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--backfill-window", type=int, default=256)
-    p.add_argument("--io-threads", type=int, default=4)
+    p.add_argument("--max-batch-facts", type=int, default=256, help="most facts in one model batch")
+    p.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="token budget of one model batch"
+    )
+    p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
+    p.add_argument(
+        "--backfill-window",
+        type=int,
+        default=256,
+        help="most facts of one Backfill stream in flight",
+    )
+    p.add_argument(
+        "--io-threads",
+        type=int,
+        default=4,
+        help="threads for store work (Get, History, Forget, Undo, reviews, events)",
+    )
     p.add_argument(
         "--exact-tokens",
         action=argparse.BooleanOptionalAction,
@@ -68,7 +91,9 @@ def register(sub: Any) -> None:
         help="count batch tokens with the embedder's tokenizer (default; --no-exact-tokens: "
         "a len/4 estimate)",
     )
-    p.add_argument("--log-format", choices=["json", "text"], default="json")
+    p.add_argument(
+        "--log-format", choices=["json", "text"], default="json", help="server log format"
+    )
     p.add_argument(
         "--no-access-log", dest="access_log", action="store_false", help="no per-request log line"
     )
