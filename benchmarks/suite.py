@@ -19,7 +19,7 @@ with a ``[part]`` prefix and kept in ``<part>/log.txt``. At the end the suite wr
 
 Parts: ``runtime`` (bench_runtime.py), ``gate`` (bench_gate.py), ``grpc`` (bench_grpc.py),
 ``backfill`` (bench_backfill.py; in quick mode on 1,000 facts), ``quality`` (bench_quality.py:
-both policies for each real NLI model on ../shared/eval/dev.jsonl), ``scale`` (bench_scale.py:
+both policies for each real NLI model on a held-out set of benchmarks/data), ``scale`` (bench_scale.py:
 PostgreSQL vs SQLite) and ``gpu`` (bench_runtime.py
 ``--device cuda``; skipped with a line saying why when onnxruntime has no CUDA provider).
 """
@@ -158,10 +158,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=2, help="threads of every compute pool")
     p.add_argument(
-        "--eval-dir",
+        "--quality-cases",
         type=Path,
-        default=ROOT.parent / "shared" / "eval",
-        help="the shared eval set (dev.jsonl, score.py) for the quality part",
+        default=ROOT / "benchmarks" / "data" / "heldout17.jsonl",
+        help="labelled cases for the quality part (default: heldout17, never fitted on)",
     )
     p.add_argument(
         "--part-timeout",
@@ -300,12 +300,9 @@ def plan_part(
                 "--quick is 10,000 facts)"
             )
     elif part == "quality":
-        dev, scorer = Path(args.eval_dir) / "dev.jsonl", Path(args.eval_dir) / "score.py"
-        if not dev.is_file() or not scorer.is_file():
-            plan.reason = (
-                f"quality skipped: no shared eval set at {args.eval_dir} (dev.jsonl and score.py; "
-                "it sits next to the repository, or pass --eval-dir)"
-            )
+        cases = Path(args.quality_cases)
+        if not cases.is_file():
+            plan.reason = f"quality skipped: no labelled cases at {cases} (--quality-cases FILE)"
             return plan
         limit = ["--limit", str(SMOKE_CASES)] if mode == "smoke" else []
         plan.command = [
@@ -316,9 +313,7 @@ def plan_part(
             "--nli",
             *real,
             "--cases",
-            str(dev),
-            "--scorer",
-            str(scorer),
+            str(cases),
             *limit,
             *threads,
             *out,
@@ -536,7 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": args.threads,
         "cache_dir": str(cache),
         "out": str(args.out),
-        "eval_dir": str(args.eval_dir),
+        "quality_cases": str(args.quality_cases),
         "part_timeout_s": args.part_timeout,
         "command": _command_line(argv),
     }

@@ -51,7 +51,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         argv += ["--cache-dir", args.cache_dir, "--part-timeout", str(args.part_timeout)]
         argv += ["--quick"] if args.quick else ["--smoke"] if args.smoke else []
         argv += ["--out", args.out] if args.out else []
-        argv += ["--eval-dir", args.eval_dir] if args.eval_dir else []
+        argv += ["--quality-cases", args.quality_cases] if args.quality_cases else []
         argv += ["--dry-run"] if args.dry_run else []
     sys.path.insert(0, str(where))  # the scripts import their helpers (_common, report)
     spec = importlib.util.spec_from_file_location(f"memgate_bench_{name}", where / f"{name}.py")
@@ -83,7 +83,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", help="where suite-<utc>/ goes (default: benchmarks/results)")
     p.add_argument("--threads", type=int, default=2, help="threads of every compute pool")
-    p.add_argument("--eval-dir", help="the shared eval set (default: ../shared/eval)")
+    p.add_argument(
+        "--quality-cases",
+        help="labelled cases for the quality part (default: benchmarks/data/heldout17.jsonl)",
+    )
     p.add_argument(
         "--part-timeout", type=float, default=0.0, help="seconds per part before it is stopped"
     )

@@ -277,17 +277,16 @@ def fake_cache(root: Path, real_nli: bool = True) -> Path:
 
 def args_for(cache: Path, eval_dir: Path, *flags: str) -> Any:
     return suite.parse_args(
-        ["--cache-dir", str(cache), "--eval-dir", str(eval_dir), "--threads", "1", *flags]
+        ["--cache-dir", str(cache), "--quality-cases", str(eval_dir), "--threads", "1", *flags]
     )
 
 
 @pytest.fixture
 def eval_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "eval"
-    d.mkdir()
-    (d / "dev.jsonl").write_text("")
-    (d / "score.py").write_text("")
-    return d
+    """A labelled cases file for the quality part (its content is not read by the plan)."""
+    path = tmp_path / "cases.jsonl"
+    path.write_text("")
+    return path
 
 
 def test_gpu_is_skipped_with_a_line_without_cuda(tmp_path: Path, eval_dir: Path) -> None:
@@ -317,7 +316,7 @@ def test_quality_runs_real_models_and_says_why_random_ones_are_left_out(
 def test_quality_skip_lines(tmp_path: Path, eval_dir: Path) -> None:
     args = args_for(fake_cache(tmp_path / "c"), tmp_path / "nowhere")
     plan = suite.plan_part("quality", args, tmp_path / "q")
-    assert plan.command is None and "no shared eval set" in plan.reason
+    assert plan.command is None and "no labelled cases" in plan.reason
     args = args_for(fake_cache(tmp_path / "c2", real_nli=False), eval_dir)
     plan = suite.plan_part("quality", args, tmp_path / "q")
     assert plan.command is None and "no NLI model with real weights" in plan.reason
@@ -337,7 +336,14 @@ def test_dry_run_prints_the_plan_and_its_duration(
     tmp_path: Path, eval_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cache = fake_cache(tmp_path / "c")
-    argv = ["--cache-dir", str(cache), "--eval-dir", str(eval_dir), "--out", str(tmp_path / "o")]
+    argv = [
+        "--cache-dir",
+        str(cache),
+        "--quality-cases",
+        str(eval_dir),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert suite.main([*argv, "--quick", "--parts", "quality,gpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "expected duration: about" in out and "quality" in out
