@@ -1,8 +1,8 @@
 """Gate quality on labelled sets side by side: dev, heldout, heldout-2 to -16, per policy.
 
 For every configuration and every set, each case runs in its own namespace (memories stored as
-they are, the incoming fact triaged as a dry run: ``engine.evaluate``, what ``memgate eval``
-runs) and the project's scorer (``engine.scoring``, the metrics of the shared eval README)
+they are, the incoming fact triaged as a dry run: ``engine.tuning.evaluate``, what ``memgate eval``
+runs) and the project's scorer (``engine.tuning.scoring``, the metrics of the shared eval README)
 scores the predictions. The ablations switch off one step at a time (event normalisation,
 attribute keys, lexical rules) and all of them together (the seed's rules).
 
@@ -162,7 +162,13 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from engine.calibrate import (
+    from engine.gate.gate import Gate
+    from engine.gate.judge.store import find_judge
+    from engine.index import IndexManager
+    from engine.runtime.loader import ModelChoice, load_models
+    from engine.runtime.session import SessionSettings
+    from engine.store import SQLiteStore
+    from engine.tuning.calibrate import (
         MemoEmbedder,
         MemoNLI,
         choose,
@@ -172,14 +178,8 @@ def main() -> int:
         summary,
         sweep,
     )
-    from engine.evaluate import decide_cases, is_labelled, load_cases, reach, stage
-    from engine.gate.gate import Gate
-    from engine.gate.judge.store import find_judge
-    from engine.index import IndexManager
-    from engine.runtime.loader import ModelChoice, load_models
-    from engine.runtime.session import SessionSettings
-    from engine.scoring import REACH_STEPS, review_measures, score
-    from engine.store import SQLiteStore
+    from engine.tuning.evaluate import decide_cases, is_labelled, load_cases, reach, stage
+    from engine.tuning.scoring import REACH_STEPS, review_measures, score
 
     shared = load_scorer(args.scorer) if args.scorer else None
     sets, skipped = _sets(args)
@@ -213,7 +213,9 @@ def main() -> int:
         if shared is not None:
             theirs = shared.score(cases, preds)
             if json.dumps(m, sort_keys=True) != json.dumps(theirs, sort_keys=True):
-                raise SystemExit(f"{config} on {set_name}: engine.scoring differs from score.py")
+                raise SystemExit(
+                    f"{config} on {set_name}: engine.tuning.scoring differs from score.py"
+                )
         return {
             "config": config if set_name == first else f"{config} @{set_name}",
             "name": config,
@@ -391,7 +393,7 @@ def main() -> int:
                 ],
                 reach_rows,
                 title="what the models leave the rules: shares of the true updates "
-                "(engine.scoring.update_reach)",
+                "(engine.tuning.scoring.update_reach)",
             )
         )
     review_rows = [

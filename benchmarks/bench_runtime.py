@@ -208,9 +208,9 @@ def load(
 def ort_embedder(
     cache: Path, variant: str, threads: int, sizes: Sequence[int], device: str = "cpu"
 ) -> Any:
-    from engine.pipeline.layout import artefact_dir
     from engine.runtime.base import BatchSettings
     from engine.runtime.embedder import Embedder
+    from engine.runtime.layout import artefact_dir
     from engine.runtime.manifest import load_manifest
     from engine.runtime.session import SessionSettings
 
@@ -232,8 +232,8 @@ def ort_nli(
     tokens: int = BIG,
     device: str = "cpu",
 ) -> Any:
-    from engine.pipeline.layout import artefact_dir
     from engine.runtime.base import BatchSettings
+    from engine.runtime.layout import artefact_dir
     from engine.runtime.manifest import load_manifest
     from engine.runtime.nli import NLIScorer
     from engine.runtime.session import SessionSettings

@@ -1,7 +1,7 @@
 """The judge (duplicates and the update veto), cross-validated per labelled set: what it is worth
 on wording it was not fitted on, beside the rule alone.
 
-Every set's cases are captured once (``engine.fit_judge.capture``: the evidence the rule saw,
+Every set's cases are captured once (``engine.tuning.fit_judge.capture``: the evidence the rule saw,
 review's floor). Each set in turn is then scored with trees fitted on the other sets (leave one
 set out) and with bars chosen on the other sets' out-of-fold probabilities (the bars never see
 the set they are scored on either; ``memgate models judge`` chooses them on all sets at once).
@@ -37,8 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from engine.app import EngineSettings, open_engine
-    from engine.evaluate import load_cases
-    from engine.fit_judge import (
+    from engine.gate.gate import policy_for
+    from engine.gate.judge.boost import BoostSettings
+    from engine.gate.policy import REVIEW
+    from engine.runtime.loader import ModelChoice
+    from engine.runtime.session import SessionSettings
+    from engine.tuning.evaluate import load_cases
+    from engine.tuning.fit_judge import (
         capture,
         choose_bars,
         choose_queue,
@@ -48,13 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         replay,
         with_bars,
     )
-    from engine.fit_judge import out_of_fold as oof
-    from engine.gate.gate import policy_for
-    from engine.gate.judge.boost import BoostSettings
-    from engine.gate.policy import REVIEW
-    from engine.runtime.loader import ModelChoice
-    from engine.runtime.session import SessionSettings
-    from engine.scoring import review_measures
+    from engine.tuning.fit_judge import out_of_fold as oof
+    from engine.tuning.scoring import review_measures
 
     paths = args.sets or default_sets()
     sets = [(p.stem, load_cases(p)) for p in paths]

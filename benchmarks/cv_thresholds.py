@@ -6,7 +6,7 @@ held-out figure (issue 12, item 1). The held-out sets themselves (``HELD_OUT``) 
 read here.
 
 How. Every case's memories are stored and its fact triaged once, as ``memgate eval`` does
-(``engine.evaluate``), under the base policy, while the evidence the policy rule is handed is
+(``engine.tuning.evaluate``), under the base policy, while the evidence the policy rule is handed is
 recorded (``engine.gate.decide.rule`` wrapped for that one run). The rule
 (:func:`engine.gate.policy.decide`) is pure, so each setting of the grid is then the rule
 replayed over the same evidence: thousands of settings in a minute, every one seeing the same
@@ -66,7 +66,7 @@ def capture(gate: Any, cases: Sequence[dict[str, Any]], policy: Any) -> tuple[li
     """The evidence list the policy rule saw for each case (in case order), and the store id ->
     case memory id map; one dry-run triage, as ``memgate eval`` runs it."""
     import engine.gate.decide as decide_step
-    from engine.evaluate import decide_cases, stage
+    from engine.tuning.evaluate import decide_cases, stage
 
     staged = stage(gate, cases)
     seen: list[list[Any]] = []
@@ -103,7 +103,7 @@ def replay(
 
 
 def tally(cases: Sequence[dict[str, Any]], preds: Sequence[dict[str, Any]]) -> Tally:
-    from engine.scoring import score
+    from engine.tuning.scoring import score
 
     m = score(list(cases), list(preds))
     return round(m["accuracy"] * len(cases)), int(m["wrongful_overwrites"]), len(cases)
@@ -150,11 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from engine.app import EngineSettings, open_engine
-    from engine.evaluate import load_cases
     from engine.gate.policy import STRICT
     from engine.gate.policy import decide as rule
     from engine.runtime.loader import ModelChoice
     from engine.runtime.session import SessionSettings
+    from engine.tuning.evaluate import load_cases
 
     paths = {"dev": SHARED_EVAL / "dev.jsonl", **HELDOUT_SETS}
     held = [name for name in args.sets if name in HELD_OUT]

@@ -59,7 +59,7 @@ def main() -> int:
     from engine.pipeline import checks, graph
     from engine.pipeline.build import STATIC_THRESHOLDS as BARS
     from engine.pipeline.build import _eval_pairs, _softmax
-    from engine.pipeline.layout import artefact_dir
+    from engine.runtime.layout import artefact_dir
     from engine.runtime.manifest import load_manifest
     from engine.runtime.session import OrtModel, SessionSettings
 

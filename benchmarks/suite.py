@@ -19,8 +19,8 @@ with a ``[part]`` prefix and kept in ``<part>/log.txt``. At the end the suite wr
 
 Parts: ``runtime`` (bench_runtime.py), ``gate`` (bench_gate.py), ``grpc`` (bench_grpc.py),
 ``backfill`` (bench_backfill.py; in quick mode on 1,000 facts), ``quality`` (bench_quality.py:
-both policies for each real NLI model on a held-out set of benchmarks/data), ``scale`` (bench_scale.py:
-PostgreSQL vs SQLite) and ``gpu`` (bench_runtime.py
+both policies for each real NLI model on a held-out set of benchmarks/data), ``scale``
+(bench_scale.py: PostgreSQL vs SQLite) and ``gpu`` (bench_runtime.py
 ``--device cuda``; skipped with a line saying why when onnxruntime has no CUDA provider).
 """
 

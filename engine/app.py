@@ -15,8 +15,8 @@ from engine.gate.gate import Gate, GateSettings, validate_fact
 from engine.gate.judge.store import find_judge
 from engine.gate.policy import policy_by_name
 from engine.index import IndexManager, IndexSettings
-from engine.pipeline.layout import DEFAULT_CACHE_DIR
 from engine.runtime.base import BatchSettings
+from engine.runtime.layout import DEFAULT_CACHE_DIR
 from engine.runtime.loader import ModelChoice, load_models
 from engine.runtime.session import SessionSettings
 from engine.store import StoreSettings, open_store

@@ -167,7 +167,7 @@ def open_local(data_dir: str | Path, *, cache_dir: str | Path | None = None) -> 
 
 def local_cache_dir(cache_dir: str | Path | None = None) -> Path:
     """``cache_dir``, or the default one: ``$MEMGATE_HOME``, else ``~/.cache/memgate``."""
-    from engine.cli.common import default_cache_dir
+    from engine.runtime.layout import default_cache_dir
 
     return default_cache_dir() if cache_dir is None else Path(cache_dir)
 

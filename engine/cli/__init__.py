@@ -3,7 +3,7 @@
 One module per command, the flags they share in :mod:`engine.cli.common`::
 
     engine.cli._main     build_parser / main: registers every command, in one list
-      -> engine.cli.{demo, triage, evaluate, serve, client, backfill, bench}, engine.pipeline.cli
+      -> engine.cli.{demo, triage, evaluate, serve, client, backfill, bench}, engine.cli.models
            -> engine.cli.common (flags, cache default, client factory; imports no command)
 
 This package's ``__init__`` imports nothing at import time (``main`` and ``build_parser`` load

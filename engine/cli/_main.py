@@ -7,10 +7,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from engine.cli import backfill, bench, client, demo, evaluate, serve, triage
+from engine.cli import backfill, bench, client, demo, evaluate, models, serve, triage
 from engine.cli.common import add_global_flags
 from engine.errors import MemgateError
-from engine.pipeline import cli as models
 
 __all__ = ["build_parser", "main"]
 

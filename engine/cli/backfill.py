@@ -114,7 +114,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from engine.backfill.job import BackfillSettings, EngineDecider, Job, Source, StreamDecider
     from engine.backfill.readers import columns
     from engine.backfill.rows import parse_map
-    from engine.policy_file import PolicyFileGate, base_name, load_policy_file
+    from engine.tuning.policy_file import PolicyFileGate, base_name, load_policy_file
 
     policy_file = load_policy_file(args.policy_file) if args.policy_file else None
     if policy_file is not None and args.target:

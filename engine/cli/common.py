@@ -2,7 +2,7 @@
 
 The only module that reads the environment for them (``MEMGATE_HOME``, ``MEMGATE_DATA``,
 ``MEMGATE_STORE``, ``MEMGATE_LOG``, ``MEMGATE_TOKEN``). Imports nothing heavy and no other
-``engine.cli`` module, so every command module (and ``engine.pipeline.cli``) may import it
+``engine.cli`` module, so every command module (and ``engine.cli.models``) may import it
 without a cycle.
 
 Flags that make sense on the top-level parser and on a subcommand (``--cache-dir``,
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from engine.pipeline.layout import DEFAULT_CACHE_DIR
+from engine.runtime.layout import HOME_ENV, default_cache_dir
 
 __all__ = [
     "HOME_ENV",
@@ -36,14 +36,6 @@ __all__ = [
     "print_decision",
     "usage_error",
 ]
-
-HOME_ENV = "MEMGATE_HOME"
-
-
-def default_cache_dir() -> Path:
-    """``$MEMGATE_HOME`` when set, else ``~/.cache/memgate``: the one model-cache default."""
-    home = os.environ.get(HOME_ENV)
-    return Path(home).expanduser() if home else DEFAULT_CACHE_DIR
 
 
 def _inner(inner: bool, default: Any) -> Any:

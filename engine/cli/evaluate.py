@@ -13,7 +13,7 @@ __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    from engine.calibrate import add_arguments as add_calibrate_arguments
+    from engine.tuning.calibrate import add_arguments as add_calibrate_arguments
 
     p = sub.add_parser(
         "eval", help="predict gate cases (shared eval format); score them when labelled"
@@ -38,12 +38,12 @@ def register(sub: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from engine.evaluate import command
+    from engine.tuning.evaluate import command
 
     return command(args, engine_settings(args))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from engine.calibrate import command
+    from engine.tuning.calibrate import command
 
     return command(args, engine_settings(args))

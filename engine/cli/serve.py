@@ -151,7 +151,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.log_format == "json":
         install_json_logging("INFO" if args.access_log else "WARNING")
-    from engine.policy_file import PolicyFileGate, load_policy_file
+    from engine.tuning.policy_file import PolicyFileGate, load_policy_file
 
     engine, server, tokens = settings_from_args(args)
     policy_file = load_policy_file(args.policy_file) if args.policy_file else None

@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 
 def cmd_triage(args: argparse.Namespace) -> int:
     from engine.app import open_engine
-    from engine.policy_file import resolve_overrides
+    from engine.tuning.policy_file import resolve_overrides
 
     name, overrides = resolve_overrides(args.policy, args.policy_file)
     facts = list(facts_from_arg("memgate triage", args.file))

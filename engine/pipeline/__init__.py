@@ -10,11 +10,12 @@
       -> manifest.json (hashes, labels, max length, parity, settings, versions)
 
 Modules: ``sources`` (where weights come from), ``checks`` (the fixed check set and the parity
-figures), ``graph`` (ONNX-level rewrites: optimise, quantise, fp16), ``layout`` (where artefacts
-live, atomic publishing), ``build`` (the public entry points) and ``cli`` (``memgate models``).
+figures), ``graph`` (ONNX-level rewrites: optimise, quantise, fp16) and ``build`` (the public entry
+points). Where artefacts live is :mod:`engine.runtime.layout` (the runtime reads it too), and
+the command is :mod:`engine.cli.models` (``memgate models``).
 
 torch, transformers and optimum are the ``export`` extra: they are imported inside the functions
-that need them, so importing this package (or the runtime, which reads ``cli.artefact_dir``)
+that need them, so importing this package
 never pulls them in.
 """
 

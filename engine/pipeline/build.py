@@ -40,7 +40,6 @@ from engine.errors import InvalidInput, ModelError
 from engine.pipeline import checks, graph, sources, span
 from engine.pipeline.checks import Tolerance
 from engine.pipeline.graph import quantize
-from engine.pipeline.layout import build_lock, model_dir, staging
 from engine.pipeline.sources import (
     AEGIS_PACKAGE,
     DEFAULT_EMBEDDER,
@@ -51,6 +50,7 @@ from engine.pipeline.sources import (
     Source,
     SourceSpec,
 )
+from engine.runtime.layout import build_lock, model_dir, staging
 from engine.runtime.manifest import Manifest, load_manifest, write_manifest
 from engine.runtime.session import OrtModel, SessionSettings
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ModelError
-from engine.pipeline.layout import artefact_dir, check_name, inside_cache, model_dir
 from engine.runtime.base import BatchSettings
 from engine.runtime.embedder import Embedder
+from engine.runtime.layout import artefact_dir, check_name, inside_cache, model_dir
 from engine.runtime.manifest import Manifest, load_manifest
 from engine.runtime.nli import NLIScorer
 from engine.runtime.session import SessionSettings

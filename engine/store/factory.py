@@ -2,38 +2,19 @@
 
 The spec may come from the command line (``--store``) or the environment (``MEMGATE_STORE``,
 read by the CLI only). A DSN's password never leaves this package unmasked: every message
-that names a DSN names :func:`mask_dsn` of it.
+that names a DSN names :func:`~engine.store.dsn.mask_dsn` of it.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from engine.errors import InvalidInput
 from engine.store.base import StoreSettings
+from engine.store.dsn import is_dsn, mask_dsn
 
 __all__ = ["is_dsn", "mask_dsn", "open_store"]
-
-_SCHEMES = ("postgresql://", "postgres://")
-# user:password@ in a URL; password=... in a key/value DSN or a URL's query string.
-_URL_PASSWORD = re.compile(r"(?P<head>://[^:/@?#]*:)(?P<pw>[^@/?#]*)(?P<tail>@)")
-_KV_PASSWORD = re.compile(r"(?P<head>(?:^|[\s?&])password\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|[^\s&]*)")
-
-
-def is_dsn(spec: str | Path) -> bool:
-    """Whether ``spec`` names a PostgreSQL database (else it is a SQLite file path)."""
-    text = str(spec).strip()
-    return text.startswith(_SCHEMES) or (
-        "=" in text and ("dbname=" in text or "host=" in text) and not Path(text).exists()
-    )
-
-
-def mask_dsn(dsn: str) -> str:
-    """``dsn`` with its password, if any, replaced by ``***`` (URL and key/value forms)."""
-    out = _URL_PASSWORD.sub(lambda m: m["head"] + "***" + m["tail"], dsn)
-    return _KV_PASSWORD.sub(lambda m: m["head"] + "***", out)
 
 
 def open_store(

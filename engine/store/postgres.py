@@ -26,7 +26,7 @@ The queries are :class:`~engine.store._sql.SQLStore`'s (shared with SQLite); thi
 the pool, the advisory locks, the error translation and :data:`DIALECT`.
 
 ``psycopg`` and ``psycopg_pool`` are imported here and nowhere else. The DSN's password is
-never logged nor put in an error: messages name :func:`~engine.store.factory.mask_dsn` of it.
+never logged nor put in an error: messages name :func:`~engine.store.dsn.mask_dsn` of it.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from engine.errors import (
 )
 from engine.store._sql import Dialect, Session, SQLStore
 from engine.store.base import StoreSettings
-from engine.store.factory import mask_dsn
+from engine.store.dsn import mask_dsn
 
 __all__ = ["DIALECT", "SCHEMA_VERSION", "PostgresSettings", "PostgresStore"]
 

@@ -26,7 +26,7 @@ from engine.pipeline.build import (
     export_nli,
     require_export,
 )
-from engine.pipeline.layout import artefact_dir, build_lock, staging
+from engine.runtime.layout import artefact_dir, build_lock, staging
 from engine.runtime.manifest import load_manifest
 
 pytestmark = pytest.mark.export

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine.cli import main as cli_main
-from engine.policy_file import FORMAT, load_policy_file
+from engine.tuning.policy_file import FORMAT, load_policy_file
 
 pytestmark = pytest.mark.model
 
@@ -192,12 +192,12 @@ def _cache_with_a_judge(tmp_path: Path, cache_dir: Path, cases: Path) -> tuple[P
     import numpy as np
 
     from engine.app import EngineSettings, open_engine
-    from engine.calibrate import sha256_of
     from engine.gate.judge import Judge
     from engine.gate.judge.boost import BoostSettings, fit
     from engine.gate.judge.features import FEATURES
     from engine.gate.judge.store import judge_path, model_identity, save_judge
     from engine.runtime.loader import ModelChoice
+    from engine.tuning.calibrate import sha256_of
 
     cache = tmp_path / "cache"
     cache.mkdir()

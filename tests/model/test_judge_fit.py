@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from engine.cli import main as cli_main
-from engine.evaluate import decide_cases, load_cases, stage
-from engine.fit_judge import capture, replay
 from engine.gate.gate import policy_for
 from engine.gate.judge.store import load_judge
+from engine.tuning.evaluate import decide_cases, load_cases, stage
+from engine.tuning.fit_judge import capture, replay
 
 pytestmark = pytest.mark.model
 

@@ -1,5 +1,5 @@
-"""engine.calibrate's pure parts (grid, choice, folds, cross-validation, memoised models) and
-engine.policy_file, on synthetic predictions and fake models: no model files."""
+"""engine.tuning.calibrate's pure parts (grid, choice, folds, cross-validation, memoised models) and
+engine.tuning.policy_file, on synthetic predictions and fake models: no model files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.calibrate import (
+from engine.cli import main as cli_main
+from engine.errors import InvalidInput
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT
+from engine.tuning.calibrate import (
     Grid,
     MemoEmbedder,
     MemoNLI,
@@ -25,10 +28,7 @@ from engine.calibrate import (
     table,
     within,
 )
-from engine.cli import main as cli_main
-from engine.errors import InvalidInput
-from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT
-from engine.policy_file import (
+from engine.tuning.policy_file import (
     FORMAT,
     PolicyFile,
     PolicyFileGate,
@@ -387,7 +387,7 @@ def test_commands_refuse_a_bad_policy_file_with_exit_2_before_loading_models(
 
 
 def test_review_objective_counts_updates_queued_with_the_right_target() -> None:
-    from engine.calibrate import objective_for
+    from engine.tuning.calibrate import objective_for
 
     cases = _cases(3, 3)
 
@@ -452,7 +452,7 @@ def test_a_review_choice_stays_within_the_needless_queue_bound() -> None:
 def test_a_missing_bench_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from engine.calibrate import pyplot
+    from engine.tuning.calibrate import pyplot
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an absent package imports as
     with pytest.raises(SystemExit, match=r"bench extra .*memgate\[bench\].*--no-plot"):

@@ -555,7 +555,7 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
 
 
 def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None:
-    from engine.fit_judge import BAR_GRID, with_bars
+    from engine.tuning.fit_judge import BAR_GRID, with_bars
 
     judge = _tiny_judge(bar=0.65, veto=0.3, queue=0.7, dequeue=0.15)
     bars = {
@@ -576,8 +576,8 @@ def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None
 
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
-    from engine.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
     from engine.runtime.cpu import cpu
+    from engine.tuning.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
@@ -635,7 +635,7 @@ def test_build_info_names_the_served_judge_by_its_seal(tmp_path: Path) -> None:
 def test_models_list_and_verify_cover_the_judge(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.pipeline import cli
+    from engine.cli import models as cli
 
     path = save_judge(tmp_path / "judges" / "e-v+n-w.json", _tiny_judge())
     assert cli.main(["models", "list", "--cache-dir", str(tmp_path)]) == 0

@@ -1,4 +1,4 @@
-"""engine.scoring: the labelling README's metrics, checked by hand on synthetic and real cases."""
+"""engine.tuning.scoring: the labelling README's metrics, checked by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.scoring import (
+from engine.tuning.scoring import (
     Seen,
     format_scores,
     headline,

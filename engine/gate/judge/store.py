@@ -21,8 +21,8 @@ from engine.fsutil import write_atomic
 from engine.gate.judge import FORMAT, Judge
 from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES
-from engine.pipeline.layout import check_name
 from engine.runtime.cpu import cpu
+from engine.runtime.layout import check_name
 from engine.runtime.manifest import manifest_digest
 
 __all__ = [

@@ -49,16 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from engine.calibrate import finite, sha256_of
 from engine.errors import InvalidInput
-from engine.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
 from engine.gate.judge import Judge, amended, with_bars
 from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
 from engine.gate.policy import decide as rule
 from engine.runtime.cpu import cpu
-from engine.scoring import review_measures, score
+from engine.tuning.calibrate import finite, sha256_of
+from engine.tuning.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
+from engine.tuning.scoring import review_measures, score
 
 __all__ = [
     "BAR_GRID",
@@ -79,7 +79,7 @@ __all__ = [
     "rule_verdicts",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "benchmarks" / "data"
 TRAINING_SETS = ("heldout", *(f"heldout{n}" for n in range(2, 17)))
 """The checkout's labelled sets a judge is fitted on by default (``benchmarks/data``)."""

@@ -7,7 +7,7 @@
     memgate models list   [--cache-dir DIR]
     memgate models verify [--cache-dir DIR]      exit 1 when any artefact fails its hashes
     memgate models judge  [--cache-dir DIR] [--cases F.jsonl ...] [--nli NAME] ...
-                          fit the judge of the served models (engine.fit_judge)
+                          fit the judge of the served models (engine.tuning.fit_judge)
 
 The cache default (``$MEMGATE_HOME``, else ``~/.cache/memgate``) is the one of every command:
 :func:`engine.cli.common.default_cache_dir`. This module imports nothing heavy at import time.
@@ -24,7 +24,7 @@ from typing import Any
 from engine.cli.common import HOME_ENV as _ENV_HOME
 from engine.cli.common import default_cache_dir
 from engine.errors import MemgateError, ModelError
-from engine.pipeline.layout import artefact_dir, iter_artefacts
+from engine.runtime.layout import artefact_dir, iter_artefacts
 
 __all__ = ["artefact_dir", "default_cache_dir", "main", "register"]
 
@@ -126,7 +126,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 def _cmd_judge(args: argparse.Namespace) -> int:
     from engine.cli.common import engine_settings
-    from engine.fit_judge import command
+    from engine.tuning.fit_judge import command
 
     args.cache_dir = str(_cache(args))
     try:
@@ -240,7 +240,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m engine.pipeline.cli models build ...`` without the rest of the CLI."""
+    """``python -m engine.cli.models models build ...`` without the rest of the CLI."""
     parser = argparse.ArgumentParser(prog="memgate")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(subparsers)

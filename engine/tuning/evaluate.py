@@ -2,7 +2,7 @@
 
 Each case gets its own namespace: its memories are stored as they are, then its incoming fact is
 triaged as a dry run. Only ``id``, ``memories`` and ``incoming`` are shown to the gate, so
-unlabelled cases work too; labelled ones are scored by :mod:`engine.scoring`. Predictions use
+unlabelled cases work too; labelled ones are scored by :mod:`engine.tuning.scoring`. Predictions use
 the format of the shared evaluation README.
 
 A dry run changes nothing, so :func:`stage` stores the memories once and :func:`decide_cases`
@@ -123,8 +123,8 @@ def predict(
 def reach(
     staged: Staged, rows: Sequence[tuple[dict[str, Any], Decision]], policy: Policy
 ) -> dict[str, Any]:
-    """:func:`engine.scoring.update_reach` of decided cases at ``policy``'s floor and bars."""
-    from engine.scoring import Seen, update_reach
+    """``update_reach`` (:mod:`engine.tuning.scoring`) of decided cases at ``policy``'s bars."""
+    from engine.tuning.scoring import Seen, update_reach
 
     seen = {
         pred["id"]: [
@@ -158,8 +158,8 @@ def command(args: Any, engine_settings: Any) -> int:
     import textwrap
 
     from engine.app import open_engine
-    from engine.policy_file import resolve_overrides
-    from engine.scoring import format_scores, headline, review_measures, score
+    from engine.tuning.policy_file import resolve_overrides
+    from engine.tuning.scoring import format_scores, headline, review_measures, score
 
     cases = load_cases(Path(args.cases))
     name, from_file = resolve_overrides(args.policy, args.policy_file)

@@ -3,7 +3,8 @@
 The sweep. Every setting of the grid (the similarity floor and the contradiction thresholds by
 default, and the served judge's veto or queue bar when there is one; any numeric policy field on
 request) is a copy of the base policy with those overrides. The cases' memories are stored once
-(:func:`engine.evaluate.stage`), and each setting is one dry-run triage of every incoming fact.
+(:func:`engine.tuning.evaluate.stage`), and each setting is one dry-run triage of every
+incoming fact.
 The models are the expensive part, and they see every text and every pair once: the gate is
 given :class:`MemoEmbedder` / :class:`MemoNLI`, which wrap the loaded models and remember each
 result. The first setting run is the grid's lowest corner, which asks for the most pairs; every
@@ -44,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InvalidInput
-from engine.evaluate import Staged, decide_cases, stage
 from engine.gate.policy import POLICY_NAMES, Policy
-from engine.scoring import review_measures, score
+from engine.tuning.evaluate import Staged, decide_cases, stage
+from engine.tuning.scoring import review_measures, score
 
 __all__ = [
     "SAFER",
@@ -699,10 +700,10 @@ def command(args: Any, engine_settings: Any) -> int:
     import tempfile
 
     from engine.app import open_engine
-    from engine.evaluate import is_labelled, load_cases
     from engine.gate.gate import Gate
     from engine.gate.policy import policy_by_name
-    from engine.policy_file import PolicyFile, dump_policy_file
+    from engine.tuning.evaluate import is_labelled, load_cases
+    from engine.tuning.policy_file import PolicyFile, dump_policy_file
 
     cases_path = Path(args.cases)
     cases = load_cases(cases_path)

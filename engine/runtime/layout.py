@@ -25,10 +25,12 @@ from engine.errors import InvalidInput, ModelError
 
 __all__ = [
     "DEFAULT_CACHE_DIR",
+    "HOME_ENV",
     "MODELS_DIR",
     "artefact_dir",
     "build_lock",
     "check_name",
+    "default_cache_dir",
     "inside_cache",
     "iter_artefacts",
     "model_dir",
@@ -37,6 +39,17 @@ __all__ = [
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "memgate"
 """The model cache when nothing else is said (``memgate`` adds ``$MEMGATE_HOME`` on top)."""
+HOME_ENV = "MEMGATE_HOME"
+
+
+def default_cache_dir() -> Path:
+    """``$MEMGATE_HOME`` when set, else ``~/.cache/memgate``: the one model-cache default.
+
+    Read at the edges only: the CLI's flag defaults and the adapters' ``.local()`` factories;
+    everything else takes the directory it is given."""
+    home = os.environ.get(HOME_ENV)
+    return Path(home).expanduser() if home else DEFAULT_CACHE_DIR
+
 
 MODELS_DIR = "models"
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
