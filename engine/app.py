@@ -79,7 +79,7 @@ def build_engine(
 
 @dataclass
 class Engine:
-    gate: Gate
+    gate: Gate[Any, Any]
     settings: EngineSettings
 
     def sync(self, settings: CoreSettings | None = None) -> SyncEngine:

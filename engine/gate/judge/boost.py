@@ -79,7 +79,8 @@ class Boost:
                 break
             go_left = x[rows, np.where(inner, f, 0)] <= self.threshold[node]
             node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
-        return out + self.value[node].sum(axis=1)
+        summed: np.ndarray = out + self.value[node].sum(axis=1)
+        return summed
 
     @cached_property
     def depth(self) -> int:
@@ -91,7 +92,8 @@ class Boost:
         return int(deepest[self.roots].max()) if len(self.roots) else 0
 
     def probability(self, x: np.ndarray) -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-self.margin(x)))
+        p: np.ndarray = 1.0 / (1.0 + np.exp(-self.margin(x)))
+        return p
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,7 +140,8 @@ def _edges(col: np.ndarray, bins: int) -> np.ndarray:
     values = np.unique(col)
     if len(values) > bins:
         values = np.unique(np.quantile(col, np.linspace(0, 1, bins + 1), method="nearest"))
-    return (values[:-1] + values[1:]) / 2
+    mids: np.ndarray = (values[:-1] + values[1:]) / 2
+    return mids
 
 
 def fit(x: np.ndarray, y: np.ndarray, settings: BoostSettings | None = None) -> Boost:
