@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from _tiny import DEBERTA_CONFIG, write_tokenizer
 
+from engine.cli import models as cli
 from engine.errors import InvalidInput, ManifestMismatch, ModelError
-from engine.pipeline import checks, cli, graph, sources
+from engine.pipeline import checks, graph, sources
 from engine.pipeline.build import (
     RandomInit,
     build_models,
@@ -558,7 +559,8 @@ def test_top_level_cache_dir_reaches_the_models_commands(
 
 
 def test_public_names_resolve() -> None:
-    from engine.pipeline import build, layout
+    from engine.pipeline import build
+    from engine.runtime import layout
 
     for module in (build, checks, cli, graph, layout, sources):
         for name in module.__all__:
