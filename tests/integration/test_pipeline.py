@@ -17,15 +17,11 @@ from typing import Any
 import pytest
 from _tiny import DEBERTA_CONFIG, write_tokenizer
 
+from engine.cli import models as cli
 from engine.errors import InvalidInput, ManifestMismatch, ModelError
-from engine.pipeline import checks, cli, graph, sources
-from engine.pipeline.build import (
-    RandomInit,
-    build_models,
-    export_embedder,
-    export_nli,
-    require_export,
-)
+from engine.pipeline import checks, graph, sources
+from engine.pipeline._common import require_export
+from engine.pipeline.build import RandomInit, build_models, export_embedder, export_nli
 from engine.runtime.layout import artefact_dir, build_lock, staging
 from engine.runtime.manifest import load_manifest
 
@@ -203,13 +199,12 @@ def test_row_invariant_routes_keep_dynamic_int8_weights_exactly(
     length."""
     import numpy as np
 
-    from engine.pipeline.build import INT8_ROUTES
     from engine.runtime.session import OrtModel, SessionSettings
 
     fp32 = built["nli"][0] / "model.onnx"
     dynamic, blockwise, reference = (tmp_path / f"{n}.onnx" for n in ("dyn", "nb8", "ref"))
     graph.quantize(fp32, dynamic)
-    settings = INT8_ROUTES[route](dynamic, blockwise, dynamic_length=True)
+    settings = graph.INT8_ROUTES[route](dynamic, blockwise, dynamic_length=True)
     assert settings["method"] == route
     graph.dequantize(dynamic, reference)
     assert settings["weights_kept_exact"] > 0 and settings["matmuls_left"] == 0
@@ -558,9 +553,10 @@ def test_top_level_cache_dir_reaches_the_models_commands(
 
 
 def test_public_names_resolve() -> None:
-    from engine.pipeline import build, layout
+    from engine.pipeline import _common, aegis, build, static
+    from engine.runtime import layout
 
-    for module in (build, checks, cli, graph, layout, sources):
+    for module in (_common, aegis, build, checks, cli, graph, layout, sources, static):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
 

@@ -15,14 +15,10 @@ import numpy as np
 import pytest
 
 from engine.pipeline import checks
-from engine.pipeline.build import (
-    STATIC_THRESHOLDS,
-    build_static,
-    export_embedder,
-    export_nli,
-    import_aegis,
-)
+from engine.pipeline.aegis import import_aegis
+from engine.pipeline.build import export_embedder, export_nli
 from engine.pipeline.sources import NLI_DEBERTA_V3_SMALL_CONFIG
+from engine.pipeline.static import STATIC_THRESHOLDS, build_static
 from engine.runtime.manifest import Manifest, load_manifest
 from engine.runtime.session import OrtModel, SessionSettings
 

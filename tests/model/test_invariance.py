@@ -43,7 +43,7 @@ ROUTES = [
     for variant in ("int8", "int8-static")
 ]
 """The default int8 route and the static one (calibrated activation scales, built by
-``engine.pipeline.build.build_static``; skipped where that variant is not built)."""
+``engine.pipeline.static.build_static``; skipped where that variant is not built)."""
 
 
 @pytest.mark.parametrize(("name", "variant"), ROUTES)
