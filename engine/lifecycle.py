@@ -27,12 +27,14 @@ from datetime import datetime
 from typing import Literal
 
 from engine.errors import InvalidInput
+from engine.types import Memory
 
 __all__ = [
     "INACTIVE_STATUSES",
     "STATUSES",
     "AsOf",
     "Hidden",
+    "Hits",
     "LogEvent",
     "State",
     "expiry_time",
@@ -218,3 +220,21 @@ def state_untouched(
     if status in ("active", "expired") and expires_at is not None:
         return State("active") if expires_at > time else State("expired", expires_at)
     return State(status, None if status == "active" else inactive_since)
+
+
+class Hits(list[tuple[Memory, float]]):
+    """Recall hits, best first, as ``(memory, similarity)``, with what the read hid and the
+    point it read at (``seq`` None: now)."""
+
+    hidden: Hidden
+    seq: int | None
+
+    def __init__(
+        self,
+        hits: Iterable[tuple[Memory, float]] = (),
+        hidden: Hidden | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(hits)
+        self.hidden = hidden or Hidden()
+        self.seq = seq

@@ -25,37 +25,19 @@ dot products. A forgotten memory stays erased: it has no text nor embedding to r
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 
 import numpy as np
 
 from engine.gate.ports import Index, Store
-from engine.lifecycle import AsOf, Hidden, State, state_untouched, status_at
+from engine.lifecycle import AsOf, Hidden, Hits, State, state_untouched, status_at
 from engine.types import Memory
 
 __all__ = ["Hits", "Point", "get_at", "history_at", "point", "recall_hits"]
 
 _MAX_SEARCH_K = 1 << 16
-
-
-class Hits(list[tuple[Memory, float]]):
-    """Recall hits, best first, as ``(memory, similarity)``, with what the read hid and the
-    point it read at (``seq`` None: now)."""
-
-    hidden: Hidden
-    seq: int | None
-
-    def __init__(
-        self,
-        hits: Iterable[tuple[Memory, float]] = (),
-        hidden: Hidden | None = None,
-        seq: int | None = None,
-    ) -> None:
-        super().__init__(hits)
-        self.hidden = hidden or Hidden()
-        self.seq = seq
 
 
 @dataclass(frozen=True)
