@@ -264,11 +264,10 @@ def _migrate_v1(db: Session) -> None:
     db.run(f"INSERT INTO memories_v2 ({columns}) SELECT {columns} FROM memories")
     db.run("DROP TABLE memories")
     db.run("ALTER TABLE memories_v2 RENAME TO memories")
-    for statement in _SCHEMA:
-        if statement.startswith("CREATE INDEX memories_"):
-            db.run(statement)
-    for statement in _V2_INDEXES:
-        db.run(statement)
+    for statement in _SCHEMA:  # the table's indexes went with it; the events' are new
+        if statement.startswith(("CREATE INDEX memories_", "CREATE INDEX events_")):
+            if statement.startswith("CREATE INDEX memories_") or statement in _V2_INDEXES:
+                db.run(statement)
     db.run(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 

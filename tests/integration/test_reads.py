@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from engine.errors import InvalidInput, NotFound
 from engine.gate.gate import Gate
 from engine.index import IndexManager
 from engine.lifecycle import AsOf
-from engine.store import StoreSettings, Write, open_store
+from engine.store import SQLiteStore, StoreSettings, Write, open_store
 from engine.types import Fact
 
 NS = "acme/u1"
@@ -249,3 +250,142 @@ def test_as_of_cost_is_bounded(make: Callable[..., Gate[Any, Any]], clock: Clock
     assert len(gate.recall(NS, "fact", 10, as_of=AsOf(seq=10**6))) == 5
     with pytest.raises(InvalidInput, match="max_as_of_events"):
         gate.recall(NS, "fact", 10, as_of=AsOf(seq=0))
+
+
+# -- schema 1 -> 2 (expiry and as-of reads add columns, a status and indexes) ---------------
+
+# The SQLite schema of version 1, as released: a store written by an older engine.
+_V1_SCHEMA: tuple[str, ...] = (
+    """
+    CREATE TABLE memories (
+        rowid INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        namespace TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL,
+        key TEXT,
+        inferred_key TEXT,
+        metadata TEXT NOT NULL,
+        source TEXT,
+        created_at REAL NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('active', 'superseded', 'forgotten', 'undone')),
+        supersedes TEXT REFERENCES memories(id),
+        superseded_by TEXT REFERENCES memories(id),
+        scores TEXT NOT NULL,
+        embedding BLOB
+    )
+    """,
+    "CREATE INDEX memories_ns_status ON memories(namespace, status)",
+    "CREATE INDEX memories_ns_key_status ON memories(namespace, key, status)",
+    "CREATE INDEX memories_supersedes ON memories(supersedes)",
+    """
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        namespace TEXT NOT NULL,
+        type TEXT NOT NULL,
+        memory_id TEXT,
+        target_id TEXT,
+        policy TEXT,
+        scores TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )
+    """,
+    "CREATE INDEX events_ns_seq ON events(namespace, seq)",
+    "CREATE INDEX events_memory ON events(memory_id)",
+    """
+    CREATE TABLE reviews (
+        id TEXT PRIMARY KEY,
+        namespace TEXT NOT NULL,
+        fact TEXT NOT NULL,
+        inferred_key TEXT,
+        policy TEXT NOT NULL,
+        embedding BLOB,
+        target_id TEXT,
+        scores TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('pending', 'accepted', 'kept_both', 'rejected')),
+        created_at REAL NOT NULL,
+        resolved_at REAL,
+        resolved_memory_id TEXT
+    )
+    """,
+    "CREATE INDEX reviews_ns_status ON reviews(namespace, status, created_at)",
+    "CREATE INDEX reviews_resolved_memory ON reviews(resolved_memory_id)",
+    """
+    CREATE TABLE idempotency (
+        namespace TEXT NOT NULL,
+        key TEXT NOT NULL,
+        result TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (namespace, key)
+    ) WITHOUT ROWID
+    """,
+)
+
+
+def test_sqlite_version_1_is_migrated_in_place(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "v1.db"
+    raw = sqlite3.connect(path)
+    for statement in _V1_SCHEMA:
+        raw.execute(statement)
+    raw.execute(
+        "INSERT INTO memories (rowid, id, namespace, kind, text, metadata, created_at, status, "
+        "scores, embedding) VALUES (7, 'mem_old', ?, 'semantic', 'The user lives in Denver.', "
+        "'{}', 5.0, 'active', '{}', ?)",
+        (NS, np.ones(4, dtype="<f4").tobytes()),
+    )
+    raw.execute(
+        "INSERT INTO events (namespace, type, memory_id, scores, created_at) "
+        "VALUES (?, 'add', 'mem_old', '{}', 5.0)",
+        (NS,),
+    )
+    raw.execute("PRAGMA user_version=1")
+    raw.commit()
+    raw.close()
+    clock = Clock(10.0)
+    store = SQLiteStore(path, clock=clock)
+    try:
+        assert store.pragmas()["user_version"] == 2 and store.pragmas()["foreign_keys"] == 1
+        old = store.get(NS, "mem_old")
+        assert old is not None and old.status == "active" and old.expires_at is None
+        assert store.active_rowids(NS).tolist() == [7]  # rowids kept: indexes stay valid
+        assert store.integrity_check()
+        assert store.as_of_point(NS, AsOf(time=6.0))[0] == 1
+    finally:
+        store.close()
+
+
+def test_postgres_version_1_is_migrated_in_place(pg_dsn: str) -> None:
+    import psycopg
+
+    open_store(pg_dsn).close()
+    with psycopg.connect(pg_dsn) as conn:  # back to version 1
+        conn.execute("ALTER TABLE memories DROP CONSTRAINT memories_status_check")
+        conn.execute(
+            "ALTER TABLE memories ADD CONSTRAINT memories_status_check "
+            "CHECK (status IN ('active', 'superseded', 'forgotten', 'undone'))"
+        )
+        conn.execute("DROP INDEX memories_due")
+        conn.execute("ALTER TABLE memories DROP COLUMN expires_at")
+        conn.execute("ALTER TABLE memories DROP COLUMN inactive_since")
+        conn.execute("DROP INDEX events_target")
+        conn.execute("UPDATE memgate_meta SET schema_version = 1")
+    clock = Clock(1000.0)
+    with open_store(pg_dsn, clock=clock) as store:
+        [r] = store.commit([_add("The code is 42.", ttl_s=5)])
+        clock.t = 2000.0
+        assert [e.memory_id for e in store.expire_due(10)] == [r.memory_id]
+        assert store.integrity_check()
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT schema_version FROM memgate_meta").fetchone() == (2,)
+
+
+def _add(text: str, **kw: Any) -> Write:
+    return Write(
+        "add",
+        Fact(namespace=NS, text=text, **kw),
+        embedding=np.ones(4, dtype=np.float32) / 2,
+    )
