@@ -40,6 +40,7 @@ __all__ = [
     "expiry_time",
     "is_active",
     "parse_as_of",
+    "to_as_of",
     "status_at",
     "state_untouched",
     "status_now",
@@ -91,6 +92,26 @@ def parse_as_of(text: str) -> AsOf | None:
     if when.tzinfo is None or "T" not in text.upper():
         raise InvalidInput("as_of time must be RFC 3339: a date, 'T', a time and an offset")
     return AsOf(time=when.timestamp())
+
+
+def to_as_of(value: AsOf | str | int | float | datetime | None) -> AsOf | None:
+    """``as_of`` as callers hand it in: an :class:`AsOf`, the wire string (:func:`parse_as_of`),
+    an event seq (int), a Unix time (float) or an aware datetime; None: now."""
+    if value is None or isinstance(value, AsOf):
+        return value
+    if isinstance(value, str):
+        return parse_as_of(value)
+    if isinstance(value, bool):
+        raise InvalidInput("as_of must be a seq, a time or a datetime, not a bool")
+    if isinstance(value, int):
+        return AsOf(seq=value)
+    if isinstance(value, float):
+        return AsOf(time=value)
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput("as_of datetime must be timezone-aware")
+        return AsOf(time=value.timestamp())
+    raise InvalidInput(f"as_of must be a seq, a time or a datetime, got {type(value).__name__}")
 
 
 def expiry_time(
