@@ -142,6 +142,10 @@ class CoreSettings:
     """How often the expiry sweep runs (``Gate.expire``): each run writes ``expire`` events in
     batches of the gate's ``expiry_batch`` until nothing is due. None: no sweep (expired
     memories are still hidden lazily at read and decision time, but stay in the index)."""
+    expiry_pause_s: float = 0.01
+    """Pause between two sweep batches. The store's lock is not fair: a sweep that took it
+    again at once could keep a waiting writer out for several batches; with the pause a
+    writer waits for one batch at most (benchmarks/bench_expiry.py)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -156,6 +160,7 @@ class CoreSettings:
                 self.expiry_interval_s is None or 0.01 <= self.expiry_interval_s <= 86400.0,
                 "expiry_interval_s must be in [0.01, 86400] seconds, or None",
             ),
+            (0.0 <= self.expiry_pause_s <= 10.0, "expiry_pause_s must be in [0, 10] seconds"),
             (1.0 <= self.deadline_headroom <= 100.0, "deadline_headroom must be in [1, 100]"),
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
         ]
@@ -365,7 +370,8 @@ class Engine:
                     expired, _ = await self.expire()
                     if expired == 0:
                         break
-                    await asyncio.sleep(0)  # let queued requests in between batches
+                    # Let waiting writers in between batches (the store's lock is not fair).
+                    await asyncio.sleep(self.settings.expiry_pause_s)
             except StorageError:
                 return
             except MemgateError:
