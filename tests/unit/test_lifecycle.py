@@ -167,3 +167,32 @@ def test_hidden_counts() -> None:
     h = Hidden.of(["superseded", "superseded", "expired", "active", "undone"], partial=True)
     assert (h.superseded, h.expired, h.undone, h.forgotten, h.total) == (2, 1, 1, 0, 4)
     assert h.partial and Hidden().total == 0
+
+
+def test_policy_default_ttl_per_kind() -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from engine.gate.policy import STRICT
+    from engine.policy_file import load_policy_file
+
+    assert STRICT.ttl_for("episodic") is None
+    pol = STRICT.with_overrides({"episodic_ttl_s": 3600.0, "procedural_ttl_s": 60})
+    assert (pol.ttl_for("episodic"), pol.ttl_for("semantic"), pol.ttl_for("procedural")) == (
+        3600.0,
+        None,
+        60,
+    )
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e12, "1h"):
+        with pytest.raises(InvalidInput):
+            STRICT.with_overrides({"semantic_ttl_s": bad})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.json"
+        body = {"format": "memgate-policy/1", "base": "strict"}
+        path.write_text(json.dumps({**body, "overrides": {"episodic_ttl_s": 86400}}))
+        loaded = load_policy_file(path)
+        assert loaded.policy.ttl_for("episodic") == 86400
+        path.write_text(json.dumps({**body, "overrides": {"episodic_ttl_s": "1d"}}))
+        with pytest.raises(InvalidInput):
+            load_policy_file(path)
