@@ -153,3 +153,36 @@ def test_expiry_over_grpc(served: tuple[ServerThread, MemgateClient, Clock]) -> 
         overrides={"episodic_ttl_s": 3600.0},
     ).decisions
     assert c.get(NS, seat.memory_id).expires_at == 1100.0 + 3600.0
+
+
+def test_the_server_sweeps_expired_memories_periodically(
+    models: tuple[Any, Any], tmp_path: Path
+) -> None:
+    import time
+
+    clock = Clock()
+    store = SQLiteStore(tmp_path / "sweep.db", clock=clock)
+    embedder, nli = models
+    gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
+    st = ServerThread(gate, ServerSettings(port=0, max_queue_delay_s=None, expiry_interval_s=0.05))
+    st.start()
+    try:
+        with MemgateClient(st.target) as c:
+            facts = [
+                Fact(namespace=NS, text=f"Locker {i} code is {100 + i}.", ttl_s=30)
+                for i in range(3)
+            ]
+            written = c.write(facts).decisions
+            assert "expire" not in {e.type for e in c.events(NS)}
+            clock.t = 2000.0  # all three are due; the next sweep round writes their events
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                expired = [e for e in c.events(NS) if e.type == "expire"]
+                if len(expired) == 3:
+                    break
+                time.sleep(0.05)
+            assert sorted(e.memory_id for e in expired) == sorted(d.memory_id for d in written)
+            assert {c.get(NS, d.memory_id).status for d in written} == {"expired"}
+    finally:
+        st.stop(grace=0)
+        store.close()
