@@ -32,6 +32,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -271,6 +272,37 @@ def _migrate_v1(db: Session) -> None:
     db.run(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
+class _FairLock:
+    """A lock handed to its waiters in the order they asked (``threading.Lock`` is not fair:
+    a thread that releases and asks again, like the expiry sweep between its batches, usually
+    gets it back at once). With it, a writer waits for the transactions that were queued
+    before it, never for a stream of later ones."""
+
+    __slots__ = ("_guard", "_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Lock] = deque()
+
+    def __enter__(self) -> None:
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        turn.acquire()  # released by the holder that hands the lock over
+
+    def __exit__(self, *exc: object) -> None:
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().release()  # ownership passes on; _held stays True
+            else:
+                self._held = False
+
+
 class SQLiteStore(SQLStore):
     """The :class:`~engine.store.base.Store` on one SQLite file (WAL, ``synchronous=FULL``).
 
@@ -291,7 +323,7 @@ class SQLiteStore(SQLStore):
     ) -> None:
         self._settings = settings
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = _FairLock()
         self._closed = False
         self._failed: StorageError | None = None
         try:
