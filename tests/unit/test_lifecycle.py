@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,22 @@ def test_policy_default_ttl_per_kind() -> None:
         path.write_text(json.dumps({**body, "overrides": {"episodic_ttl_s": "1d"}}))
         with pytest.raises(InvalidInput):
             load_policy_file(path)
+
+
+def test_jsonl_facts_carry_their_expiry(tmp_path: Any) -> None:
+    import json
+
+    from engine.facts import read_facts
+
+    path = tmp_path / "facts.jsonl"
+    rows = [
+        {"namespace": "a/b", "text": "OTP 1234", "ttl_s": 60},
+        {"namespace": "a/b", "text": "Hold", "expires_at": 1.7e9},
+        {"namespace": "a/b", "text": "Plain"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    facts = list(read_facts(str(path)))
+    assert [(f.ttl_s, f.expires_at) for f in facts] == [(60.0, None), (None, 1.7e9), (None, None)]
+    path.write_text(json.dumps({"namespace": "a/b", "text": "x", "ttl_s": "1h"}), "utf-8")
+    with pytest.raises(InvalidInput, match="ttl_s"):
+        list(read_facts(str(path)))
