@@ -293,7 +293,15 @@ class _FairLock:
             turn = threading.Lock()
             turn.acquire()
             self._waiters.append(turn)
-        turn.acquire()  # released by the holder that hands the lock over
+        try:
+            turn.acquire()  # released by the holder that hands the lock over
+        except BaseException:  # interrupted (KeyboardInterrupt): leave the queue cleanly
+            with self._guard:
+                if turn in self._waiters:
+                    self._waiters.remove(turn)
+                    raise
+            self.__exit__()  # the lock was handed over meanwhile: pass it on
+            raise
 
     def __exit__(self, *exc: object) -> None:
         with self._guard:
