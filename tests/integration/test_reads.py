@@ -244,6 +244,31 @@ def test_the_sweep_runs_in_bounded_batches(gate: Gate[Any, Any], clock: Clock) -
     assert sum(e.type == "expire" for e in gate.events(NS)) == 7
 
 
+def test_thousands_expire_in_bounded_batches_between_writes(
+    gate: Gate[Any, Any], clock: Clock
+) -> None:
+    # The benchmark (benchmarks/bench_expiry.py) sweeps 100k against a live writer; here 2,000
+    # (synthetic unit vectors), interleaved with writes, with every batch within its bound.
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((2000, gate.embedder.dim)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    writes = [
+        Write("add", Fact(namespace="acme/holds", text=f"Hold {i}.", ttl_s=60), embedding=v)
+        for i, v in enumerate(vecs)
+    ]
+    results = gate.store.commit(writes)
+    gate.index.add("acme/holds", np.asarray([r.rowid for r in results], dtype=np.int64), vecs)
+    clock.t = 5000.0
+    sizes = []
+    while batch := gate.expire(250):
+        sizes.append(len(batch))
+        gate.ingest([Fact(namespace=NS, text=f"Booking {len(sizes)} is confirmed.")])
+    assert sizes == [250] * 8
+    assert gate.store.count_active("acme/holds") == 0
+    assert gate.store.count_active(NS) == 8
+    assert gate.index.search("acme/holds", vecs[:1], 5)[1][0].tolist() == [-1] * 5
+
+
 def test_as_of_cost_is_bounded(make: Callable[..., Gate[Any, Any]], clock: Clock) -> None:
     gate = make(max_as_of_events=3)
     gate.ingest([Fact(namespace=NS, text=f"Fact number {i}.") for i in range(5)])

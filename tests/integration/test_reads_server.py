@@ -25,7 +25,7 @@ from engine.gate.gate import Gate  # noqa: E402
 from engine.index import IndexManager  # noqa: E402
 from engine.server import ServerSettings, ServerThread  # noqa: E402
 from engine.server.proto import pb, pb_grpc  # noqa: E402
-from engine.store import SQLiteStore  # noqa: E402
+from engine.store import SQLiteStore, open_store  # noqa: E402
 from engine.types import Fact  # noqa: E402
 
 NS = "acme/u1"
@@ -44,12 +44,17 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-@pytest.fixture
+@pytest.fixture(params=["sqlite", "postgres"])
 def served(
-    models: tuple[Any, Any], tmp_path: Path
+    request: pytest.FixtureRequest, models: tuple[Any, Any], tmp_path: Path
 ) -> Iterator[tuple[ServerThread, MemgateClient, Clock]]:
     clock = Clock()
-    store = SQLiteStore(tmp_path / "reads.db", clock=clock)
+    spec = (
+        str(tmp_path / "reads.db")
+        if request.param == "sqlite"
+        else str(request.getfixturevalue("pg_dsn"))
+    )
+    store = open_store(spec, clock=clock)
     embedder, nli = models
     gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
     st = ServerThread(gate, ServerSettings(port=0, max_queue_delay_s=None))
