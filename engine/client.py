@@ -21,17 +21,37 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
 from engine.errors import DeadlineExceeded, InvalidInput, MemgateError
+from engine.lifecycle import Hits
 from engine.server import convert
 from engine.server.proto import pb, pb_grpc
 from engine.server.status import error_class
 from engine.types import Decision, Event, Fact, Memory, ReviewItem
 
-__all__ = ["MemgateClient", "Resolved", "Triaged"]
+__all__ = ["Hits", "MemgateClient", "Resolved", "Triaged", "as_of_text"]
+
+
+def as_of_text(as_of: str | float | int | datetime | None) -> str:
+    """``as_of`` on the wire: "" (now), digits (an event seq, from an int), or RFC 3339 (from
+    a Unix time or an aware datetime); a string is sent as it is (the server checks it)."""
+    if as_of is None:
+        return ""
+    if isinstance(as_of, str):
+        return as_of
+    if isinstance(as_of, bool):
+        raise InvalidInput("as_of must be a seq, a time or a datetime, not a bool")
+    if isinstance(as_of, int):
+        return str(as_of)
+    if isinstance(as_of, float):
+        as_of = datetime.fromtimestamp(as_of, tz=UTC)
+    if as_of.tzinfo is None:
+        raise InvalidInput("as_of datetime must be timezone-aware")
+    return as_of.isoformat()
 
 
 @dataclass(frozen=True)
@@ -356,14 +376,44 @@ class MemgateClient:
         )
 
     def recall(
-        self, namespace: str, query: str, k: int = 10, *, timeout: float | None = None
-    ) -> list[tuple[Memory, float]]:
-        request = pb.RecallRequest(namespace=namespace, query=query.encode("utf-8"), k=k)
+        self,
+        namespace: str,
+        query: str,
+        k: int = 10,
+        *,
+        as_of: str | float | int | datetime | None = None,
+        include_inactive: bool = False,
+        timeout: float | None = None,
+    ) -> Hits:
+        """The ``k`` memories active now (or at ``as_of``) most similar to ``query``, as
+        ``(memory, similarity)`` best first. The list also carries ``.hidden`` (how many
+        superseded / expired / forgotten / undone memories matched and were left out) and
+        ``.seq`` (the event seq an as-of recall read at). ``as_of``: an event seq (int), a
+        Unix time (float), an aware ``datetime`` or the wire string (RFC 3339 or digits)."""
+        request = pb.RecallRequest(
+            namespace=namespace,
+            query=query.encode("utf-8"),
+            k=k,
+            as_of=as_of_text(as_of),
+            include_inactive=include_inactive,
+        )
         response, _ = self._call(self._stub.Recall, request, timeout, True)
-        return [(convert.memory_from_pb(h.memory), float(h.similarity)) for h in response.hits]
+        return Hits(
+            ((convert.memory_from_pb(h.memory), float(h.similarity)) for h in response.hits),
+            convert.hidden_from_pb(response.hidden),
+            int(response.as_of_seq) if request.as_of else None,
+        )
 
-    def get(self, namespace: str, memory_id: str, *, timeout: float | None = None) -> Memory:
-        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+    def get(
+        self,
+        namespace: str,
+        memory_id: str,
+        *,
+        as_of: str | float | int | datetime | None = None,
+        timeout: float | None = None,
+    ) -> Memory:
+        """The memory now, or as it was at ``as_of`` (``NotFound`` if it did not exist yet)."""
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id, as_of=as_of_text(as_of))
         response, _ = self._call(self._stub.Get, ref, timeout, True)
         return convert.memory_from_pb(response.memory)
 
@@ -381,10 +431,16 @@ class MemgateClient:
         return convert.memory_from_pb(response.restored), convert.memory_from_pb(response.undone)
 
     def history(
-        self, namespace: str, memory_id: str, *, timeout: float | None = None
+        self,
+        namespace: str,
+        memory_id: str,
+        *,
+        as_of: str | float | int | datetime | None = None,
+        timeout: float | None = None,
     ) -> list[Memory]:
-        """The supersedes chain holding ``memory_id``, oldest first."""
-        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id)
+        """The supersedes chain holding ``memory_id``, oldest first; with ``as_of``, its
+        memories that existed then, each with its status then."""
+        ref = pb.MemoryRef(namespace=namespace, memory_id=memory_id, as_of=as_of_text(as_of))
         response, _ = self._call(self._stub.History, ref, timeout, True)
         return [convert.memory_from_pb(m) for m in response.chain]
 

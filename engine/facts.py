@@ -29,6 +29,8 @@ def read_facts(path: str) -> Iterator[Fact]:
                     metadata=row.get("metadata") or {},
                     source=row.get("source"),
                     idempotency_key=row.get("idempotency_key"),
+                    expires_at=_seconds(row.get("expires_at"), "expires_at"),
+                    ttl_s=_seconds(row.get("ttl_s"), "ttl_s"),
                 )
             except KeyError as exc:
                 raise InvalidInput(f"{path}:{n}: missing field {exc}") from None
@@ -37,3 +39,12 @@ def read_facts(path: str) -> Iterator[Fact]:
     finally:
         if stream is not sys.stdin:
             stream.close()
+
+
+def _seconds(value: object, what: str) -> float | None:
+    """An optional number of seconds from a JSON line (the gate range-checks it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number")
+    return float(value)

@@ -27,8 +27,9 @@ ACTIONS: tuple[str, ...] = ("add", "replace", "skip", "review")
 
 # active: recalled and replaceable. superseded: replaced by a newer memory (its superseded_by).
 # forgotten: deleted on request (text erased). undone: a replacement that was undone.
+# expired: past its expires_at (engine.lifecycle: applied lazily by time, then by the sweep).
 # rejected: a reviewed fact that a reviewer discarded (kept for the audit trail only).
-Status = Literal["active", "superseded", "forgotten", "undone"]
+Status = Literal["active", "superseded", "forgotten", "undone", "expired"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,11 @@ class Fact:
     source: str | None = None
     idempotency_key: str | None = None
     """A retried write with the same key returns the first result and stores nothing twice."""
+    expires_at: float | None = None
+    """Unix time after which the memory is expired: never recalled nor matched again."""
+    ttl_s: float | None = None
+    """Seconds from the write until it expires (instead of ``expires_at``); without either,
+    the policy's default TTL for the fact's kind applies, if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +71,11 @@ class Memory:
     """Scores of the decision that stored this memory (similarity, contradiction, rule, policy)."""
     inferred_key: str | None = None
     """Attribute key inferred from the text (subject/attribute), used to keep siblings apart."""
+    expires_at: float | None = None
+    """When it expires (Unix seconds); None: never."""
+    inactive_since: float | None = None
+    """When it stopped being active (superseded, undone, forgotten or expired); None while
+    active (and for memories deactivated before the store recorded it)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from engine.errors import InvalidInput, NotFound
+from engine.lifecycle import to_as_of
 from engine.types import Decision, Fact, Memory, ReviewItem
 
 __all__ = ["GateEngine", "LocalEngine", "RemoteEngine", "as_gate_engine", "open_local"]
@@ -80,6 +81,16 @@ class LocalEngine:
     def history(self, namespace: str, memory_id: str) -> list[Memory]:
         return list(self.gate.history(namespace, memory_id))
 
+    def recall(
+        self, namespace: str, query: str, k: int = 10, *, as_of: Any = None
+    ) -> list[tuple[Memory, float]]:
+        """The ``k`` memories active now (or at ``as_of``: an event seq, a Unix time, an aware
+        datetime or an RFC 3339 string) most similar to ``query``, best first."""
+        point = to_as_of(as_of)
+        if point is None:
+            return list(self.gate.recall(namespace, query, k))
+        return list(self.gate.recall(namespace, query, k, as_of=point))
+
     def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
         return list(self.gate.list_review(namespace, limit))
 
@@ -121,6 +132,12 @@ class RemoteEngine:
 
     def history(self, namespace: str, memory_id: str) -> list[Memory]:
         return list(self.client.history(namespace, memory_id))
+
+    def recall(
+        self, namespace: str, query: str, k: int = 10, *, as_of: Any = None
+    ) -> list[tuple[Memory, float]]:
+        """As :meth:`LocalEngine.recall`, over the server."""
+        return list(self.client.recall(namespace, query, k, as_of=as_of))
 
     def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
         return list(self.client.list_review(namespace, limit))

@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -63,6 +65,7 @@ try:
         Result,
         SearchItem,
         SearchOp,
+        TTLConfig,
     )
 except ImportError as exc:  # pragma: no cover - exercised by the missing-extra test
     raise missing_extra("langgraph", "langgraph") from exc
@@ -98,14 +101,17 @@ class GateStoreSettings:
     """First part of every memgate namespace this store writes (see the module docstring)."""
     id_field: str = "_memgate_id"
     """Value field holding the memory id in the inner store; stripped from every read."""
+    expires_field: str = "_memgate_expires_at"
+    """Value field holding an item's expiry (Unix seconds, from the put's ``ttl``) in the
+    inner store; stripped from every read, and an item past it is never read back."""
 
     def __post_init__(self) -> None:
         policy_by_name(self.policy).with_overrides(dict(self.overrides))
         encode_labels(self.namespace_prefix, ("x",))
         if not self.text_fields and not self.json_fallback and not self.ungated:
             raise InvalidInput("text_fields is empty and json_fallback is off: nothing to gate")
-        if not self.id_field or not self.kind_field:
-            raise InvalidInput("id_field and kind_field must be non-empty")
+        if not self.id_field or not self.kind_field or not self.expires_field:
+            raise InvalidInput("id_field, kind_field and expires_field must be non-empty")
         for prefix in self.episodic_namespaces:
             if not isinstance(prefix, tuple) or not prefix:
                 raise InvalidInput("episodic_namespaces holds non-empty tuples of labels")
@@ -153,6 +159,8 @@ class _Put:
     occupant: str | None = None
     """Memory id of the gated item at ``op.key`` before this batch."""
     alt_key: str | None = None
+    expires_at: float | None = None
+    """When the put's ``ttl`` (minutes) runs out, in Unix seconds; None: never."""
 
 
 class _Inner(NamedTuple):
@@ -202,6 +210,8 @@ class GatedStore(BaseStore):
         *,
         settings: GateStoreSettings | None = None,
         on_decision: Callable[[PutDecision], None] | None = None,
+        ttl_config: TTLConfig | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(inner, BaseStore):
             raise InvalidInput(f"inner must be a langgraph BaseStore, got {type(inner).__name__}")
@@ -211,8 +221,12 @@ class GatedStore(BaseStore):
         self.on_decision = on_decision
         self.decisions: list[PutDecision] = []
         self._overrides = dict(self.settings.overrides)
-        self.supports_ttl = inner.supports_ttl
-        self.ttl_config = inner.ttl_config
+        # TTL is honoured here whatever the inner store supports: a put's ttl (minutes, or
+        # ttl_config's default_ttl) becomes the memory's expires_at in memgate and an expiry
+        # stamp on the inner item, and expired items are never read back (omit_expired).
+        self.supports_ttl = True
+        self.ttl_config = ttl_config if ttl_config is not None else inner.ttl_config
+        self._clock = clock
 
     @classmethod
     def local(
@@ -283,6 +297,46 @@ class GatedStore(BaseStore):
             else:
                 step = _resume(steps, answer)
         return step.results
+
+    # -- as-of reads ------------------------------------------------------------------------
+    def search_as_of(
+        self,
+        namespace: tuple[str, ...],
+        query: str,
+        *,
+        as_of: Any,
+        limit: int = 10,
+    ) -> list[SearchItem]:
+        """The items of ``namespace`` whose memories were active at ``as_of`` (an event seq, a
+        Unix time, an aware datetime or an RFC 3339 string), most similar to ``query`` first,
+        as memgate rebuilds them from its event log (``BaseStore.search`` has no as-of
+        argument; the inner store only holds the present). Each item is the value as it was
+        put, at the key it was written under; ``score`` is memgate's similarity."""
+        recall = getattr(self.engine, "recall", None)
+        if recall is None:
+            raise InvalidInput("as-of search needs an engine with recall (local or remote)")
+        hits = recall(self.memgate_namespace(namespace), query, limit, as_of=as_of)
+        items: list[SearchItem] = []
+        for memory, similarity in hits:
+            meta = memory.metadata.get(_META)
+            if not isinstance(meta, dict):
+                continue  # written around this store: no item to show
+            when = datetime.fromtimestamp(memory.created_at, tz=UTC)
+            value = {
+                k: v
+                for k, v in dict(meta.get("value") or {}).items()
+                if k not in (self.settings.id_field, self.settings.expires_field)
+            }
+            key = _home_key(meta, memory.supersedes)
+            items.append(SearchItem(tuple(namespace), key, value, when, when, similarity))
+        return items
+
+    async def asearch_as_of(
+        self, namespace: tuple[str, ...], query: str, *, as_of: Any, limit: int = 10
+    ) -> list[SearchItem]:
+        return await asyncio.to_thread(
+            self.search_as_of, namespace, query, as_of=as_of, limit=limit
+        )
 
     # -- corrections ----------------------------------------------------------------------
     def history(self, namespace: tuple[str, ...], key: str) -> list[Memory]:
@@ -417,7 +471,7 @@ class GatedStore(BaseStore):
         for plan in plans:
             op = plan.op
             if plan.mode != "gated":
-                writes.append(op)
+                writes.append(self._inner_put(op, op.key, op.value, plan.expires_at))
                 action: PutAction = "forget" if plan.mode == "forget" else "add"
                 stored = None if plan.mode == "forget" else op.key
                 rule = "forget" if plan.mode == "forget" else plan.mode
@@ -437,7 +491,7 @@ class GatedStore(BaseStore):
             if d.action in ("add", "replace") and d.memory_id is not None:
                 stored_key = homes[d.memory_id]
                 value = {**dict(op.value or {}), self.settings.id_field: d.memory_id}
-                writes.append(PutOp(op.namespace, stored_key, value, op.index, op.ttl))
+                writes.append(self._inner_put(op, stored_key, value, plan.expires_at))
                 if d.action == "replace" and d.target_id is not None:
                     removed = homes.get(d.target_id)
                     if removed == stored_key:
@@ -484,6 +538,14 @@ class GatedStore(BaseStore):
 
     # -- helpers ----------------------------------------------------------------------------
     def _plan(self, op: PutOp) -> _Put:
+        plan = self._plan_mode(op)
+        if op.value is not None and op.ttl is not None:
+            if not isinstance(op.ttl, int | float) or not 0 < op.ttl <= 1e8:
+                raise InvalidInput(f"put {op.namespace!r}/{op.key!r}: ttl must be > 0 minutes")
+            plan.expires_at = self._clock() + 60.0 * float(op.ttl)
+        return plan
+
+    def _plan_mode(self, op: PutOp) -> _Put:
         ns = self.memgate_namespace(op.namespace)
         if op.value is None:
             return _Put(op, ns, "forget")
@@ -538,10 +600,27 @@ class GatedStore(BaseStore):
             plan.text,
             kind=plan.kind,  # type: ignore[arg-type]
             metadata={_META: self._meta(plan)},
+            expires_at=plan.expires_at,
         )
 
     def _stored_value(self, metadata: dict[str, Any], memory_id: str) -> dict[str, Any]:
         return {**metadata[_META]["value"], self.settings.id_field: memory_id}
+
+    def _inner_put(
+        self, op: PutOp, key: str, value: Mapping[str, Any] | None, expires_at: float | None
+    ) -> PutOp:
+        """The inner store's put: the expiry stamped into the value, and the ttl passed on
+        only to an inner store that supports it (this store enforces it either way)."""
+        if value is not None and expires_at is not None:
+            value = {**dict(value), self.settings.expires_field: expires_at}
+        ttl = op.ttl if self.inner.supports_ttl else None
+        return PutOp(op.namespace, key, value, op.index, ttl)
+
+    def _expired(self, item: Any) -> bool:
+        if not isinstance(item, Item):
+            return False
+        when = item.value.get(self.settings.expires_field)
+        return isinstance(when, int | float) and when <= self._clock()
 
     def _forget_all(self, plans: Sequence[_Put]) -> None:
         for plan in plans:
@@ -581,9 +660,10 @@ class GatedStore(BaseStore):
         return memory_id
 
     def _strip(self, item: Any) -> Any:
-        if not isinstance(item, Item) or self.settings.id_field not in item.value:
+        hidden = (self.settings.id_field, self.settings.expires_field)
+        if not isinstance(item, Item) or not any(f in item.value for f in hidden):
             return item
-        value = {k: v for k, v in item.value.items() if k != self.settings.id_field}
+        value = {k: v for k, v in item.value.items() if k not in hidden}
         if isinstance(item, SearchItem):
             return SearchItem(
                 item.namespace, item.key, value, item.created_at, item.updated_at, item.score
@@ -600,9 +680,11 @@ class GatedStore(BaseStore):
         out: list[Result] = []
         for op, res in zip(ops, results, strict=True):
             if isinstance(op, GetOp):
-                out.append(self._strip(res))
+                out.append(None if self._expired(res) else self._strip(res))
             elif isinstance(op, SearchOp):
-                out.append([self._strip(it) for it in res])  # type: ignore[union-attr]
+                out.append(
+                    [self._strip(it) for it in res if not self._expired(it)]  # type: ignore[union-attr]
+                )
             else:
                 out.append(res)
         return out

@@ -30,8 +30,10 @@ pass straight through. The memgate namespace of a scope is ``mem0/user:<id>/agen
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +67,15 @@ class GatedMemorySettings:
     namespace_prefix: str = "mem0"
     id_field: str = "memgate_id"
     """mem0 metadata field holding the current memgate memory id."""
+    expires_field: str = "memgate_expires_at"
+    """mem0 metadata field holding an item's expiry (Unix seconds, from ``expiration_date``);
+    an item past it is never read back through this facade."""
 
     def __post_init__(self) -> None:
         policy_by_name(self.policy).with_overrides(dict(self.overrides))
         encode_labels(self.namespace_prefix, ("x",))
-        if not self.id_field:
-            raise InvalidInput("id_field must be non-empty")
+        if not self.id_field or not self.expires_field:
+            raise InvalidInput("id_field and expires_field must be non-empty")
 
 
 class GatedMemory:
@@ -83,6 +88,7 @@ class GatedMemory:
         *,
         settings: GatedMemorySettings | None = None,
         on_decision: Callable[[Decision], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         for name in ("add", "update", "delete", "get", "get_all", "search"):
             if not callable(getattr(memory, name, None)):
@@ -94,6 +100,7 @@ class GatedMemory:
         self._overrides = dict(self.settings.overrides)
         self._mem0_ids: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
+        self._clock = clock
 
     @classmethod
     def local(
@@ -153,10 +160,15 @@ class GatedMemory:
         run_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         infer: bool = False,
+        expiration_date: str | date | datetime | None = None,
     ) -> dict[str, list[dict[str, Any]]]:
         """Gate each fact, then drive mem0 (the module's table). Returns mem0's shape,
         ``{"results": [{"id", "memory", "event", ...}]}``, one entry per fact, with the
-        memgate decision (``memgate_id``, ``target_memgate_id``, ``rule``, ``review_id``)."""
+        memgate decision (``memgate_id``, ``target_memgate_id``, ``rule``, ``review_id``).
+
+        ``expiration_date`` (Mem0's: ``"YYYY-MM-DD"``, the last day the memory holds; or an
+        aware datetime / RFC 3339 time): the memories expire then, in memgate (never recalled
+        nor matched again) and in this facade's reads (search, get_all, get)."""
         if infer:
             raise InvalidInput(
                 "GatedMemory gates the facts it is given; mem0's LLM extraction (infer=True) "
@@ -166,8 +178,11 @@ class GatedMemory:
         ns = self.namespace(user_id, agent_id, run_id)
         texts = _texts(messages)
         extra = dict(metadata or {})
+        expires_at = _expiry(expiration_date)
+        if expires_at is not None:
+            extra[self.settings.expires_field] = expires_at
         meta = {_META: {"scope": scope, "metadata": extra}}
-        facts = [Fact(ns, text, metadata=meta) for text in texts]
+        facts = [Fact(ns, text, metadata=meta, expires_at=expires_at) for text in texts]
         decisions = self.engine.write(facts, self.settings.policy, self._overrides) if facts else []
         return {"results": [self._apply(ns, scope, extra, d) for d in decisions]}
 
@@ -181,7 +196,12 @@ class GatedMemory:
             mem0_id = self.mem0_id(ns, d.target_id, scope)
             if mem0_id is not None:
                 self.memory.update(
-                    mem0_id, text=text, metadata={self.settings.id_field: d.memory_id}
+                    mem0_id,
+                    text=text,
+                    metadata={
+                        self.settings.id_field: d.memory_id,
+                        self.settings.expires_field: extra.get(self.settings.expires_field),
+                    },
                 )
             else:  # the superseded memory has no mem0 item (deleted there): store the new one
                 event = "ADD"
@@ -281,15 +301,25 @@ class GatedMemory:
         )
         return self._apply(ns, stored.get("scope", {}), stored.get("metadata", {}), decision)
 
-    # -- reads: straight through ---------------------------------------------------------
+    # -- reads: straight through, expired items left out ------------------------------------
     def search(self, query: str, **kwargs: Any) -> Any:
-        return self.memory.search(query, **kwargs)
+        return self._live(self.memory.search(query, **kwargs))
 
     def get_all(self, **kwargs: Any) -> Any:
-        return self.memory.get_all(**kwargs)
+        return self._live(self.memory.get_all(**kwargs))
 
     def get(self, memory_id: str) -> Any:
-        return self.memory.get(memory_id)
+        item = self.memory.get(memory_id)
+        return None if item is not None and self._expired(item) else item
+
+    def _expired(self, item: Mapping[str, Any]) -> bool:
+        when = (item.get("metadata") or {}).get(self.settings.expires_field)
+        return isinstance(when, int | float) and when <= self._clock()
+
+    def _live(self, found: Any) -> Any:
+        if isinstance(found, Mapping) and isinstance(found.get("results"), list):
+            return {**found, "results": [r for r in found["results"] if not self._expired(r)]}
+        return found
 
     def history(self, memory_id: str) -> Any:
         """mem0's own change log of the item (see :meth:`gate_history` for memgate's)."""
@@ -301,6 +331,32 @@ class GatedMemory:
             raise NotFound(f"no mem0 memory {memory_id}")
         scope = {k: item[k] for k in _SCOPES if item.get(k)}
         return self.namespace(**scope), scope
+
+
+def _expiry(value: str | date | datetime | None) -> float | None:
+    """Unix seconds of Mem0's ``expiration_date``: a date (or ``YYYY-MM-DD``) expires at the
+    end of that day, UTC; an aware datetime (or an RFC 3339 time) at that instant."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = (
+                date.fromisoformat(value)
+                if len(value) == 10
+                else datetime.fromisoformat(value.replace("z", "Z"))
+            )
+        except ValueError:
+            raise InvalidInput(
+                f"expiration_date must be YYYY-MM-DD or an RFC 3339 time, got {value!r}"
+            ) from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput("expiration_date must carry a time zone")
+        return value.timestamp()
+    if isinstance(value, date):
+        end = datetime.combine(value + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+        return end.timestamp()
+    raise InvalidInput(f"expiration_date must be a date, got {type(value).__name__}")
 
 
 def _texts(messages: Any) -> list[str]:

@@ -17,6 +17,11 @@ from engine.gate.policy import POLICY_NAMES
 
 __all__ = ["register"]
 
+_AS_OF = (
+    "read as of a point of the event log: an event seq (42) or an RFC 3339 time "
+    "(2026-03-01T09:30:00Z); default: now"
+)
+
 
 def register(sub: Any) -> None:
     client = sub.add_parser("client", help="call a running memgate server (JSON lines out)")
@@ -45,6 +50,12 @@ def register(sub: Any) -> None:
     p.add_argument("namespace")
     p.add_argument("query")
     p.add_argument("-k", type=int, default=10)
+    p.add_argument("--as-of", default="", help=_AS_OF)
+    p.add_argument(
+        "--include-inactive",
+        action="store_true",
+        help="return superseded, expired and undone memories too, each with its status",
+    )
     for name, text in (
         ("get", "one memory"),
         ("forget", "erase a memory"),
@@ -54,6 +65,8 @@ def register(sub: Any) -> None:
         p = rpc(name, text)
         p.add_argument("namespace")
         p.add_argument("memory_id")
+        if name in ("get", "history"):
+            p.add_argument("--as-of", default="", help=_AS_OF)
     review = rpc("review", "the review queue")
     reviews = review.add_subparsers(dest="review_rpc", required=True)
     p = rpc("list", "pending review items", reviews)
@@ -112,17 +125,25 @@ def cmd_client(args: argparse.Namespace) -> int:
             ):
                 _emit(_decision(d))
         elif rpc == "recall":
-            for memory, similarity in mg.recall(args.namespace, args.query, args.k):
+            hits = mg.recall(
+                args.namespace,
+                args.query,
+                args.k,
+                as_of=args.as_of,
+                include_inactive=args.include_inactive,
+            )
+            for memory, similarity in hits:
                 _emit({"similarity": round(similarity, 6), **asdict(memory)})
+            _emit({"hidden": asdict(hits.hidden), "as_of_seq": hits.seq})  # the last line
         elif rpc == "get":
-            _emit(asdict(mg.get(args.namespace, args.memory_id)))
+            _emit(asdict(mg.get(args.namespace, args.memory_id, as_of=args.as_of)))
         elif rpc == "forget":
             _emit({"forgotten": mg.forget(args.namespace, args.memory_id)})
         elif rpc == "undo":
             restored, undone = mg.undo(args.namespace, args.memory_id)
             _emit({"restored": asdict(restored), "undone": asdict(undone)})
         elif rpc == "history":
-            for memory in mg.history(args.namespace, args.memory_id):
+            for memory in mg.history(args.namespace, args.memory_id, as_of=args.as_of):
                 _emit(asdict(memory))
         elif rpc == "review" and args.review_rpc == "list":
             for item in mg.list_review(args.namespace, args.limit):

@@ -85,6 +85,19 @@ def register(sub: Any) -> None:
         help="threads for store work (Get, History, Forget, Undo, reviews, events)",
     )
     p.add_argument(
+        "--expiry-interval",
+        type=float,
+        default=60.0,
+        help="seconds between expiry sweeps (0: no sweep; expired memories are still hidden "
+        "at read and decision time)",
+    )
+    p.add_argument(
+        "--expiry-batch",
+        type=int,
+        default=500,
+        help="most memories one sweep transaction expires (a writer waits for one at most)",
+    )
+    p.add_argument(
         "--exact-tokens",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -130,6 +143,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         ),
         backfill_window=args.backfill_window,
         io_threads=args.io_threads,
+        expiry_interval_s=args.expiry_interval or None,
         grace_s=args.grace,
         reflection=args.reflection,
         metrics_port=args.metrics_port,
@@ -140,7 +154,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     )
     # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
     # at most N characters), so --max-text-bytes is the only limit a client can meet.
-    engine = engine_settings(args, gate=GateSettings(max_text_chars=args.max_text_bytes))
+    gate = GateSettings(max_text_chars=args.max_text_bytes, expiry_batch=args.expiry_batch)
+    engine = engine_settings(args, gate=gate)
     return engine, server, tokens
 
 

@@ -27,6 +27,7 @@ and end with ``Unavailable`` naming the index of the last committed fact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import (
     AsyncIterable,
@@ -46,6 +47,7 @@ from engine.core.batcher import Batcher, Served, refusal
 from engine.core.queue import Batch, QueueSettings, estimate_tokens
 from engine.core.results import Recalled, Streamed, Timings, Triaged, split
 from engine.errors import InvalidInput, MemgateError, Overloaded, StorageError, Unavailable
+from engine.lifecycle import AsOf, Hidden
 from engine.types import Decision, Event, Fact, Memory
 
 __all__ = [
@@ -83,11 +85,19 @@ class GateLike(Protocol):
         overrides: dict[str, Any] | None = None,
     ) -> TriageOutcome: ...
 
-    def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]: ...
+    def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]:
+        """Active hits, best first. The gate's own recall also takes ``as_of`` and
+        ``include_inactive`` keywords (sent only when set) and returns a list that carries
+        ``.hidden`` (:class:`~engine.lifecycle.Hidden`) and ``.seq``."""
+        ...
 
-    def get(self, namespace: str, memory_id: str) -> Memory | None: ...
+    def get(self, namespace: str, memory_id: str) -> Memory | None:
+        """The memory now; the gate's own get also takes ``as_of`` (sent only when set)."""
+        ...
 
-    def history(self, namespace: str, memory_id: str) -> list[Memory]: ...
+    def history(self, namespace: str, memory_id: str) -> list[Memory]:
+        """The chain now; the gate's own history also takes ``as_of`` (sent only when set)."""
+        ...
 
     def forget(self, namespace: str, memory_id: str) -> str: ...
 
@@ -128,6 +138,14 @@ class CoreSettings:
     """Most facts of one stream in flight (queued or in the model); the reader waits beyond."""
     io_threads: int = 4
     """Threads for store work (Get, History, Forget, Undo, reviews)."""
+    expiry_interval_s: float | None = 60.0
+    """How often the expiry sweep runs (``Gate.expire``): each run writes ``expire`` events in
+    batches of the gate's ``expiry_batch`` until nothing is due. None: no sweep (expired
+    memories are still hidden lazily at read and decision time, but stay in the index)."""
+    expiry_pause_s: float = 0.01
+    """Pause between two sweep batches. The store's lock is not fair: a sweep that took it
+    again at once could keep a waiting writer out for several batches; with the pause a
+    writer waits for one batch at most (benchmarks/bench_expiry.py)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -138,6 +156,11 @@ class CoreSettings:
             ),
             (1 <= self.min_admitted_facts <= 10_000_000, "min_admitted_facts must be in [1, 1e7]"),
             (1 <= self.stream_window <= 100_000, "stream_window must be in [1, 100000]"),
+            (
+                self.expiry_interval_s is None or 0.01 <= self.expiry_interval_s <= 86400.0,
+                "expiry_interval_s must be in [0.01, 86400] seconds, or None",
+            ),
+            (0.0 <= self.expiry_pause_s <= 10.0, "expiry_pause_s must be in [0, 10] seconds"),
             (1.0 <= self.deadline_headroom <= 100.0, "deadline_headroom must be in [1, 100]"),
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
         ]
@@ -154,6 +177,10 @@ class ModelWork:
     facts: tuple[Fact, ...] = ()
     query: tuple[str, str, int] | None = None
     """(namespace, query, k) for a recall."""
+    as_of: AsOf | None = None
+    """A recall as of this point of the log (None: now)."""
+    include_inactive: bool = False
+    """A recall that returns inactive memories too, each with its status."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +203,8 @@ class ModelDone:
     timings: Timings
     decisions: tuple[Decision, ...] = ()
     hits: tuple[tuple[Memory, float], ...] = ()
+    hidden: Hidden = field(default_factory=Hidden)
+    seq: int | None = None
 
 
 def run_model_batch(
@@ -193,14 +222,26 @@ def run_model_batch(
         for work in works:
             assert work.query is not None
             t0 = time.perf_counter()
+            options: dict[str, Any] = {}
+            if work.as_of is not None:
+                options["as_of"] = work.as_of
+            if work.include_inactive:
+                options["include_inactive"] = True
             try:
-                hits = gate.recall(*work.query)
+                hits = gate.recall(*work.query, **options)
             except MemgateError as exc:  # recalls are independent: the error stays with its own
                 if isinstance(exc, StorageError):
                     raise  # fail-stop, as for writes
                 out.append(exc)
                 continue
-            out.append(ModelDone(Timings(search=time.perf_counter() - t0), hits=tuple(hits)))
+            out.append(
+                ModelDone(
+                    Timings(search=time.perf_counter() - t0),
+                    hits=tuple(hits),
+                    hidden=getattr(hits, "hidden", None) or Hidden(),
+                    seq=getattr(hits, "seq", None),
+                )
+            )
         return out
     assert isinstance(group, TriageGroup)
     overrides = dict(group.overrides) or None
@@ -286,6 +327,7 @@ class Engine:
         self._stop_streams: asyncio.Event | None = None
         self._streams_until: float | None = None
         self._closed = False
+        self._sweeper: asyncio.Task[None] | None = None
 
     # -- state --------------------------------------------------------------------------------
     @property
@@ -311,6 +353,29 @@ class Engine:
         """Start the batcher on the running loop."""
         self._stop_streams = asyncio.Event()
         self.batcher.start()
+        if self.settings.expiry_interval_s is not None:
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep(self.settings.expiry_interval_s), name="memgate-expiry"
+            )
+
+    async def _sweep(self, interval_s: float) -> None:
+        """The periodic expiry sweep: every ``interval_s``, expire what is due in bounded
+        batches (one store transaction each, so a writer waits for one batch at most), until
+        a batch comes back short. A storage failure stops the engine (fail-stop, as for
+        writes); a retryable error waits for the next round."""
+        while not self._closed:
+            await asyncio.sleep(interval_s)
+            try:
+                while not self._closed and self.batcher.dead is None:
+                    expired, _ = await self.expire()
+                    if expired == 0:
+                        break
+                    # Let waiting writers in between batches (the store's lock is not fair).
+                    await asyncio.sleep(self.settings.expiry_pause_s)
+            except StorageError:
+                return
+            except MemgateError:
+                continue
 
     def stop_streams(self, until: float) -> None:
         """Shutdown, step one: streams read no new fact, start no model call that would end
@@ -333,6 +398,10 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         await self.batcher.close()
         loop = asyncio.get_running_loop()
         for pool in (self._model, self._io, self._tokenize):
@@ -447,9 +516,18 @@ class Engine:
         return Triaged(served.result.decisions, self._timings(served, tokenize, started), apply)
 
     async def recall(
-        self, namespace: str, query: str, k: int = 10, *, deadline: float | None = None
+        self,
+        namespace: str,
+        query: str,
+        k: int = 10,
+        *,
+        deadline: float | None = None,
+        as_of: AsOf | None = None,
+        include_inactive: bool = False,
     ) -> Recalled:
-        """The ``k`` active memories of ``namespace`` most similar to ``query``."""
+        """The ``k`` memories of ``namespace`` active now (or at ``as_of``) most similar to
+        ``query``, with the counts of the inactive ones it hid (``include_inactive``: those
+        too, each with its status)."""
         started = time.perf_counter()
         try:  # a bad namespace or blank query takes no permit and no slot on the model thread
             self._validate(Fact(namespace=namespace, text=query))
@@ -460,11 +538,19 @@ class Engine:
         self._admit(1, deadline)
         try:
             served, tokenize = await self._queue(
-                ModelWork(query=(namespace, query, k)), [query], RECALL, deadline
+                ModelWork(
+                    query=(namespace, query, k), as_of=as_of, include_inactive=include_inactive
+                ),
+                [query],
+                RECALL,
+                deadline,
             )
         finally:
             self.permits.release(1)
-        return Recalled(served.result.hits, self._timings(served, tokenize, started))
+        done = served.result
+        return Recalled(
+            done.hits, self._timings(served, tokenize, started), hidden=done.hidden, seq=done.seq
+        )
 
     async def stream(
         self,
@@ -514,13 +600,32 @@ class Engine:
             raise refusal(dead)
         return await self._io_call(fn, *args)
 
-    async def get(self, namespace: str, memory_id: str) -> tuple[Memory | None, Timings]:
-        memory, secs = await self._io_call(self.gate.get, namespace, memory_id)
+    async def get(
+        self, namespace: str, memory_id: str, as_of: AsOf | None = None
+    ) -> tuple[Memory | None, Timings]:
+        """The memory now, or as it was at ``as_of`` (None: absent then)."""
+        args = (namespace, memory_id) if as_of is None else (namespace, memory_id, as_of)
+        memory, secs = await self._io_call(self.gate.get, *args)
         return memory, Timings(store=secs, total=secs)
 
-    async def history(self, namespace: str, memory_id: str) -> tuple[list[Memory], Timings]:
-        chain, secs = await self._io_call(self.gate.history, namespace, memory_id)
+    async def history(
+        self, namespace: str, memory_id: str, as_of: AsOf | None = None
+    ) -> tuple[list[Memory], Timings]:
+        """The supersedes chain now, or its memories that existed at ``as_of``."""
+        args = (namespace, memory_id) if as_of is None else (namespace, memory_id, as_of)
+        chain, secs = await self._io_call(self.gate.history, *args)
         return chain, Timings(store=secs, total=secs)
+
+    async def expire(self, limit: int | None = None) -> tuple[int, Timings]:
+        """One step of the expiry sweep (``Gate.expire``): how many memories it expired."""
+        dead = self.batcher.dead
+        if dead is not None:
+            raise refusal(dead)
+        expire = getattr(self.gate, "expire", None)
+        if expire is None:  # a gate without expiry (test doubles)
+            return 0, Timings()
+        done, secs = await self._io_call(expire, limit)
+        return len(done), Timings(store=secs, total=secs)
 
     async def forget(self, namespace: str, memory_id: str) -> tuple[str, Timings]:
         forgotten, secs = await self._io_write(self.gate.forget, namespace, memory_id)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from engine.lifecycle import Hidden
 from engine.types import Decision, Memory
 
 __all__ = ["GATE_PHASES", "Recalled", "Streamed", "Timings", "Triaged"]
@@ -117,6 +118,11 @@ class Recalled:
 
     hits: tuple[tuple[Memory, float], ...]
     timings: Timings = field(default_factory=Timings)
+    hidden: Hidden = field(default_factory=Hidden)
+    """Inactive memories (superseded, expired, forgotten, undone) that matched and were left
+    out: they would have ranked among the ``k`` best had every memory been eligible."""
+    seq: int | None = None
+    """The event seq the recall read at (as-of recalls); None: now."""
 
 
 @dataclass(frozen=True, slots=True)

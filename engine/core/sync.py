@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from engine.core.engine import Engine
 from engine.core.results import Recalled, Streamed, Triaged
+from engine.lifecycle import AsOf
 from engine.types import Fact
 
 __all__ = ["SyncEngine"]
@@ -67,8 +68,20 @@ class SyncEngine:
             lambda: self.engine.triage(facts, policy, apply=apply, overrides=overrides)
         )
 
-    def recall(self, namespace: str, query: str, k: int = 10) -> Recalled:
-        return self.run_sync(lambda: self.engine.recall(namespace, query, k))
+    def recall(
+        self,
+        namespace: str,
+        query: str,
+        k: int = 10,
+        *,
+        as_of: AsOf | None = None,
+        include_inactive: bool = False,
+    ) -> Recalled:
+        return self.run_sync(
+            lambda: self.engine.recall(
+                namespace, query, k, as_of=as_of, include_inactive=include_inactive
+            )
+        )
 
     def stream(
         self,

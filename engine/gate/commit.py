@@ -8,7 +8,7 @@ idempotent replay returns its first result and moves nothing.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -21,8 +21,15 @@ __all__ = ["commit"]
 
 
 def commit(
-    store: Store, index: Index, decisions: Sequence[Decision], vectors: np.ndarray, policy: str
+    store: Store,
+    index: Index,
+    decisions: Sequence[Decision],
+    vectors: np.ndarray,
+    policy: str,
+    ttl_for: Callable[[str], float | None] | None = None,
 ) -> list[Decision]:
+    """Commit ``decisions``; ``ttl_for(kind)`` is the policy's default TTL of a kind (facts
+    that carry no expiry of their own expire that long after they are stored)."""
     writes = [
         Write(
             action=d.action,
@@ -33,6 +40,7 @@ def commit(
             policy=policy,
             inferred_key=d.inferred_key,
             memory_id=d.memory_id,
+            default_ttl_s=None if ttl_for is None else ttl_for(d.fact.kind),
         )
         for i, d in enumerate(decisions)
     ]

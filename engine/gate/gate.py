@@ -20,8 +20,9 @@ from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, NotFound
 from engine.gate import keys as keymod
+from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
@@ -35,7 +36,8 @@ from engine.gate.recall import recall
 from engine.gate.relate import relate
 from engine.gate.score import score
 from engine.gate.thresholds import for_embedder, for_model
-from engine.store import WriteResult, new_memory_id
+from engine.lifecycle import AsOf, expiry_time
+from engine.store import Expired, WriteResult, new_memory_id
 from engine.store.base import Resolution, ReviewResolution
 from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem
 from engine.validation import is_namespace
@@ -68,12 +70,22 @@ class GateSettings:
     max_text_chars: int = 8192
     """Longest accepted fact text (characters). Longer texts are refused, never silently cut."""
     max_metadata_bytes: int = 16384
+    max_inactive_scan: int = 2000
+    """Most inactive memories (newest first) a recall scores exactly to count what it hid
+    and to answer ``include_inactive`` (engine.gate.reads); beyond it ``hidden.partial``."""
+    expiry_batch: int = 500
+    """Most memories one expiry sweep step marks expired, in one store transaction: a writer
+    waits for at most one such transaction."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 1_000_000:
             raise InvalidInput("max_batch must be in [1, 1000000]")
         if not 1 <= self.max_text_chars <= 1_000_000:
             raise InvalidInput("max_text_chars must be in [1, 1000000]")
+        if not 0 <= self.max_inactive_scan <= 1_000_000:
+            raise InvalidInput("max_inactive_scan must be in [0, 1000000]")
+        if not 1 <= self.expiry_batch <= 100_000:
+            raise InvalidInput("expiry_batch must be in [1, 100000]")
 
 
 @dataclass
@@ -104,6 +116,8 @@ def validate_fact(fact: Fact, settings: GateSettings) -> None:
         raise InvalidInput("key must be 1-256 characters")
     if fact.idempotency_key is not None and not 1 <= len(fact.idempotency_key) <= 128:
         raise InvalidInput("idempotency_key must be 1-128 characters")
+    if fact.expires_at is not None or fact.ttl_s is not None:
+        expiry_time(0.0, fact.expires_at, fact.ttl_s, None)  # range checks only
 
 
 class Gate(Generic[S, X]):
@@ -260,35 +274,76 @@ class Gate(Generic[S, X]):
         )
         if apply:
             t0 = time.perf_counter()
-            decisions = commit(self.store, self.index, decisions, vectors, pol.name)
+            decisions = commit(self.store, self.index, decisions, vectors, pol.name, pol.ttl_for)
             timings["store"] = time.perf_counter() - t0
         return TriageResult(decisions=decisions, timings=timings, nli_pairs=pairs)
 
     # -- reads and corrections -------------------------------------------------------------
-    def get(self, namespace: str, memory_id: str) -> Memory | None:
-        return self.store.get(namespace, memory_id)
+    def get(self, namespace: str, memory_id: str, as_of: AsOf | None = None) -> Memory | None:
+        """The memory (any status; lazily expired ones read ``expired``), or as it was at
+        ``as_of`` (None when it did not exist yet)."""
+        if as_of is None:
+            return self.store.get(namespace, memory_id)
+        return reads.get_at(self.store, namespace, memory_id, as_of)
 
-    def history(self, namespace: str, memory_id: str) -> list[Memory]:
-        return list(self.store.history(namespace, memory_id))
+    def history(self, namespace: str, memory_id: str, as_of: AsOf | None = None) -> list[Memory]:
+        """The supersedes chain holding ``memory_id``, oldest first; with ``as_of``, the
+        chain's memories that existed then, with their status then (``NotFound`` when
+        ``memory_id`` itself did not exist yet)."""
+        chain = list(self.store.history(namespace, memory_id))
+        if as_of is None:
+            return chain
+        then = reads.history_at(self.store, namespace, chain, as_of)
+        if all(m.id != memory_id for m in then):
+            raise NotFound(f"no memory {memory_id} in this namespace at that point")
+        return then
 
-    def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]:
-        """The ``k`` active memories most similar to ``query`` (episodic ones included)."""
+    def recall(
+        self,
+        namespace: str,
+        query: str,
+        k: int = 10,
+        *,
+        as_of: AsOf | None = None,
+        include_inactive: bool = False,
+    ) -> reads.Hits:
+        """The ``k`` memories active now (or at ``as_of``) most similar to ``query``, episodic
+        ones included, as ``(memory, similarity)`` best first. The returned list also says
+        what it hid (``.hidden``: inactive memories that would have ranked among the ``k``)
+        and the point it read (``.seq``); ``include_inactive`` returns the ``k`` best of
+        every memory instead, each with its status (engine.gate.reads)."""
         validate_fact(Fact(namespace=namespace, text=query), self.settings)
         if not 1 <= k <= 1000:
             raise InvalidInput("k must be in [1, 1000]")
         vec = self.embedder.embed([query])
-        scores, rowids = self.index.search(namespace, vec, k)
-        refs = self.store.texts_for_rowids(namespace, [int(r) for r in rowids[0] if r >= 0])
-        mems = self.store.get_many(
-            namespace, [refs[int(r)].id for r in rowids[0] if int(r) in refs]
+        return reads.recall_hits(
+            self.store,
+            self.index,
+            namespace,
+            vec,
+            k,
+            as_of=as_of,
+            include_inactive=include_inactive,
+            max_inactive_scan=self.settings.max_inactive_scan,
         )
-        by_id = {m.id: m for m in mems}
-        hits = []
-        for s, r in zip(scores[0], rowids[0], strict=True):
-            ref = refs.get(int(r))
-            if ref is not None and ref.id in by_id:
-                hits.append((by_id[ref.id], float(s)))
-        return hits
+
+    def expire(self, limit: int | None = None) -> list[Expired]:
+        """One step of the expiry sweep: mark up to ``limit`` (``expiry_batch``) memories past
+        their ``expires_at`` expired, each with an ``expire`` event, in one transaction, under
+        the namespaces' write locks, then drop them from the index. Returns what it expired
+        (empty: nothing was due)."""
+        limit = self.settings.expiry_batch if limit is None else limit
+        due = self.store.due_namespaces(limit)
+        if not due:
+            return []
+        with self.namespaces_locked(set(due)):
+            expired = self.store.expire_due(limit, due)
+            by_ns: dict[str, list[int]] = defaultdict(list)
+            for e in expired:
+                by_ns[e.namespace].append(e.rowid)
+            for ns, rowids in by_ns.items():
+                self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
+        return expired
 
     def forget(self, namespace: str, memory_id: str) -> str:
         """Erase a memory: its text and embedding are deleted, it leaves the index."""

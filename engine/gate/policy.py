@@ -164,6 +164,20 @@ class Policy:
     queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
     likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
+    episodic_ttl_s: float | None = None
+    """Default time to live of an episodic memory, in seconds (None: it never expires). A
+    fact's own ``expires_at`` / ``ttl_s`` wins. Expired memories are never recalled nor
+    matched again (engine.lifecycle); they stay in history with an ``expire`` event."""
+    semantic_ttl_s: float | None = None
+    """Default time to live of a semantic memory, in seconds (None: never expires)."""
+    procedural_ttl_s: float | None = None
+    """Default time to live of a procedural memory, in seconds (None: never expires)."""
+
+    def ttl_for(self, kind: str) -> float | None:
+        """The default TTL of memories of ``kind`` (None: they never expire)."""
+        value: float | None = getattr(self, f"{kind}_ttl_s", None)
+        return value
+
     def __post_init__(self) -> None:
         unit = (
             "attribute_similarity",
@@ -193,6 +207,12 @@ class Policy:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 0.5]")
         if not isinstance(self.partial_values, int) or not 0 <= self.partial_values <= 20:
             raise InvalidInput(f"policy {self.name}: partial_values must be an int in [0, 20]")
+        for name in ("episodic_ttl_s", "semantic_ttl_s", "procedural_ttl_s"):
+            ttl = getattr(self, name)
+            if ttl is not None and (
+                not isinstance(ttl, int | float) or not 0 < float(ttl) <= 3.2e9
+            ):
+                raise InvalidInput(f"policy {self.name}: {name} must be in (0, 3.2e9] or None")
         if not 1 <= self.top_k <= 200:
             raise InvalidInput(f"policy {self.name}: top_k must be in [1, 200], got {self.top_k}")
         if self.review_scope not in ("all", "uncertain"):

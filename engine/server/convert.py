@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine.errors import InvalidInput
+from engine.lifecycle import AsOf, Hidden, parse_as_of
 from engine.server.proto import pb
 from engine.types import Candidate, Decision, Event, Fact, Memory, ReviewItem
 from engine.validation import check_namespace
@@ -21,6 +22,9 @@ from engine.validation import check_namespace
 __all__ = [
     "UNDECODABLE",
     "Limits",
+    "as_of_from_pb",
+    "hidden_from_pb",
+    "hidden_to_pb",
     "check_decoded",
     "decision_from_pb",
     "decision_to_pb",
@@ -91,6 +95,7 @@ _FLOAT_OVERRIDES = (
     "dominance_margin",
     "auto_floor",
 )
+_TTL_OVERRIDES = ("episodic_ttl_s", "semantic_ttl_s", "procedural_ttl_s")
 _OTHER_OVERRIDES: dict[str, Callable[[Any], Any]] = {
     "top_k": int,
     "normalize": bool,
@@ -192,6 +197,15 @@ def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
     metadata = metadata_from_json(msg.metadata_json, what, limits) if msg.metadata_json else {}
     if len(msg.source) > limits.max_source_chars:
         raise InvalidInput(f"{what}: source is over {limits.max_source_chars} characters")
+    expiry: dict[str, float] = {}
+    for name in ("expires_at", "ttl_s"):
+        if msg.HasField(name):
+            value = float(getattr(msg, name))
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidInput(f"{what}: {name} must be a positive number")
+            expiry[name] = value
+    if len(expiry) == 2:
+        raise InvalidInput(f"{what}: a fact carries expires_at or ttl_s, not both")
     return Fact(
         namespace=msg.namespace,
         text=text,
@@ -200,6 +214,7 @@ def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
         metadata=metadata,
         source=msg.source or None,
         idempotency_key=msg.idempotency_key or None,
+        **expiry,
     )
 
 
@@ -256,6 +271,8 @@ def fact_to_pb(fact: Fact) -> Any:
         metadata_json=json.dumps(fact.metadata) if fact.metadata else "",
         source=fact.source or "",
         idempotency_key=fact.idempotency_key or "",
+        expires_at=fact.expires_at,
+        ttl_s=fact.ttl_s,
     )
 
 
@@ -288,13 +305,20 @@ def overrides_from_pb(msg: Any) -> dict[str, Any]:
     for name, cast in _OTHER_OVERRIDES.items():
         if msg.HasField(name):
             out[name] = cast(getattr(msg, name))
+    for name in _TTL_OVERRIDES:  # seconds: not rounded; the policy range-checks them
+        if msg.HasField(name):
+            out[name] = float(getattr(msg, name))
     return out
 
 
 def overrides_to_pb(overrides: Mapping[str, Any] | None) -> Any:
     msg = pb.PolicyOverrides()
     for name, value in (overrides or {}).items():
-        if name not in _FLOAT_OVERRIDES and name not in _OTHER_OVERRIDES:
+        if (
+            name not in _FLOAT_OVERRIDES
+            and name not in _OTHER_OVERRIDES
+            and name not in _TTL_OVERRIDES
+        ):
             raise InvalidInput(f"unknown policy override {name!r}")
         setattr(msg, name, value)
     return msg
@@ -411,6 +435,8 @@ def memory_to_pb(m: Memory) -> Any:
         superseded_by=m.superseded_by or "",
         scores_json=_json(m.scores),
         inferred_key=m.inferred_key or "",
+        expires_at=m.expires_at or 0.0,
+        inactive_since=m.inactive_since or 0.0,
     )
 
 
@@ -429,6 +455,8 @@ def memory_from_pb(msg: Any) -> Memory:
         superseded_by=msg.superseded_by or None,
         scores=_from_json(msg.scores_json),
         inferred_key=msg.inferred_key or None,
+        expires_at=msg.expires_at or None,
+        inactive_since=msg.inactive_since or None,
     )
 
 
@@ -487,6 +515,7 @@ EVENT_TYPE_TO_PB: dict[str, str] = {
     "review_resolved": "resolve",
     "forget": "forget",
     "undo": "undo",
+    "expire": "expire",
 }
 PB_TO_EVENT_TYPE: dict[str, str] = {v: k for k, v in EVENT_TYPE_TO_PB.items()}
 
@@ -534,4 +563,29 @@ def event_from_pb(msg: Any) -> Event:
         policy=msg.policy or None,
         scores=_from_json(msg.scores_json),
         created_at=msg.created_at,
+    )
+
+
+def as_of_from_pb(text: str) -> AsOf | None:
+    """A request's ``as_of``: "" (now), an event seq, or an RFC 3339 time."""
+    return parse_as_of(text)
+
+
+def hidden_to_pb(hidden: Hidden) -> Any:
+    return pb.Hidden(
+        superseded=hidden.superseded,
+        expired=hidden.expired,
+        forgotten=hidden.forgotten,
+        undone=hidden.undone,
+        partial=hidden.partial,
+    )
+
+
+def hidden_from_pb(msg: Any) -> Hidden:
+    return Hidden(
+        superseded=int(msg.superseded),
+        expired=int(msg.expired),
+        forgotten=int(msg.forgotten),
+        undone=int(msg.undone),
+        partial=bool(msg.partial),
     )

@@ -79,6 +79,8 @@ class ServerSettings:
     """Most facts of one Backfill stream in flight (queued or in the model)."""
     io_threads: int = 4
     """Threads for store work (Get, History, Forget, Undo, reviews)."""
+    expiry_interval_s: float | None = 60.0
+    """How often the expiry sweep runs (``CoreSettings.expiry_interval_s``); None: never."""
     grace_s: float = 10.0
     """On shutdown, how long in-flight calls may run before they are cancelled."""
     reflection: bool = False
@@ -197,6 +199,7 @@ class MemgateServer:
             admit_by_deadline=s.admit_by_deadline,
             stream_window=s.backfill_window,
             io_threads=s.io_threads,
+            expiry_interval_s=s.expiry_interval_s,
         )
         self.engine = build_engine(
             gate,

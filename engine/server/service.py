@@ -174,27 +174,41 @@ class MemgateService(pb_grpc.MemgateServicer):  # type: ignore[misc]
         call.authorize(request.namespace)
         query = convert.text_from_bytes(request.query, "query", self._limits)
         recalled = await self._engine.recall(
-            request.namespace, query, request.k or 10, deadline=_deadline(context)
+            request.namespace,
+            query,
+            request.k or 10,
+            deadline=_deadline(context),
+            as_of=convert.as_of_from_pb(request.as_of),
+            include_inactive=request.include_inactive,
         )
         hits = [
             pb.RecallHit(memory=convert.memory_to_pb(m), similarity=s) for m, s in recalled.hits
         ]
-        return pb.RecallResponse(hits=hits, timings=timings_to_pb(recalled.timings))
+        return pb.RecallResponse(
+            hits=hits,
+            timings=timings_to_pb(recalled.timings),
+            hidden=convert.hidden_to_pb(recalled.hidden),
+            as_of_seq=recalled.seq or 0,
+        )
 
     # -- store work ---------------------------------------------------------------------------
-    def _ref(self, request: pb.MemoryRef) -> tuple[str, str]:
+    def _ref(self, request: pb.MemoryRef, *, reads: bool = False) -> tuple[str, str]:
         _check_ref(request.namespace, request.memory_id, "memory_id")
+        if request.as_of and not reads:
+            raise InvalidInput("as_of applies to reads (Get, History), not to changes")
         current_call().authorize(request.namespace)
         return request.namespace, request.memory_id
 
     async def Get(self, request: pb.MemoryRef, context: Context) -> pb.GetResponse:  # noqa: N802
-        memory, t = await self._engine.get(*self._ref(request))
+        ref = self._ref(request, reads=True)
+        memory, t = await self._engine.get(*ref, convert.as_of_from_pb(request.as_of))
         if memory is None:
             raise NotFound(f"no memory {request.memory_id} in this namespace")
         return pb.GetResponse(memory=convert.memory_to_pb(memory), timings=timings_to_pb(t))
 
     async def History(self, request: pb.MemoryRef, context: Context) -> pb.HistoryResponse:  # noqa: N802
-        chain, t = await self._engine.history(*self._ref(request))
+        ref = self._ref(request, reads=True)
+        chain, t = await self._engine.history(*ref, convert.as_of_from_pb(request.as_of))
         if not chain:
             raise NotFound(f"no memory {request.memory_id} in this namespace")
         return pb.HistoryResponse(

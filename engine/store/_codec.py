@@ -15,7 +15,7 @@ from engine.types import Event, Fact, Memory, ReviewItem
 
 _MEMORY_COLUMNS = (
     "id, namespace, kind, text, key, metadata, source, created_at, status, supersedes, "
-    "superseded_by, scores, inferred_key"
+    "superseded_by, scores, inferred_key, expires_at, inactive_since"
 )
 _REVIEW_COLUMNS = "id, namespace, fact, target_id, scores, status, created_at, resolved_memory_id"
 _MAX_LIMIT = 10_000
@@ -78,6 +78,8 @@ def _memory(row: Sequence[Any]) -> Memory:
         superseded_by=row[10],
         scores=_loads_dict(row[11]),
         inferred_key=row[12],
+        expires_at=row[13],
+        inactive_since=row[14],
     )
 
 
@@ -100,6 +102,8 @@ def _fact_json(fact: Fact) -> str:
             "metadata": fact.metadata,
             "source": fact.source,
             "idempotency_key": fact.idempotency_key,
+            "expires_at": fact.expires_at,
+            "ttl_s": fact.ttl_s,
         },
         "metadata",
     )
@@ -115,6 +119,8 @@ def _fact(text: str) -> Fact:
         metadata=d.get("metadata") or {},
         source=d.get("source"),
         idempotency_key=d.get("idempotency_key"),
+        expires_at=d.get("expires_at"),
+        ttl_s=d.get("ttl_s"),
     )
 
 

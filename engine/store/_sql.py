@@ -19,12 +19,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from dataclasses import replace as dc_replace
 from types import TracebackType
 from typing import Any, ClassVar, Self, cast
 
 import numpy as np
 
 from engine.errors import Conflict, InvalidInput, NotFound
+from engine.lifecycle import AsOf, LogEvent, expiry_time, status_now
 from engine.store._codec import (
     _MEMORY_COLUMNS,
     _RESOLVED_STATUS,
@@ -50,6 +52,8 @@ from engine.store.base import (
     RESOLUTIONS,
     REVIEW_STATUSES,
     ActiveText,
+    Embedded,
+    Expired,
     Resolution,
     ReviewResolution,
     ReviewStatus,
@@ -162,8 +166,8 @@ class Session:
 
 _INSERT_MEMORY = (
     "INSERT INTO memories (id, namespace, kind, text, key, inferred_key, metadata, "
-    "source, created_at, status, supersedes, superseded_by, scores, embedding) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, NULL, ?, ?)"
+    "source, created_at, status, supersedes, superseded_by, scores, embedding, expires_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, NULL, ?, ?, ?)"
 )
 _INSERT_REVIEW = (
     "INSERT INTO reviews (id, namespace, fact, inferred_key, policy, embedding, "
@@ -198,9 +202,18 @@ _CHANGED = (
     "UNION SELECT m.rowid FROM events e JOIN memories m ON m.id = e.target_id "
     "WHERE e.namespace = ? AND e.seq > ? AND e.seq <= ? ORDER BY 1"
 )
+# Lazy expiry: an active memory past its expires_at reads as expired (engine.lifecycle).
+_LIVE = "status = 'active' AND (expires_at IS NULL OR expires_at > ?)"
 _ACTIVE_WITH_EMBEDDING = (
     "FROM memories WHERE namespace = ? AND status = 'active' AND embedding IS NOT NULL"
 )
+
+
+def _lazy(memory: Memory, now: float) -> Memory:
+    """``memory`` as a read at ``now`` reports it: expired once past its ``expires_at``."""
+    if status_now(memory.status, memory.expires_at, now) == memory.status:
+        return memory
+    return dc_replace(memory, status="expired", inactive_since=memory.expires_at)
 
 
 def _rowids(rows: Sequence[Any]) -> np.ndarray:
@@ -285,7 +298,7 @@ class SQLStore(ABC):
             target = cast(str, write.target_id)
             target_rowid = self._active_rowid(db, ns, target)
             memory_id, rowid = self._insert_memory(db, write, target, scores, now)
-            self._supersede(db, target_rowid, memory_id)
+            self._supersede(db, target_rowid, memory_id, now)
             result = WriteResult(
                 "replace",
                 memory_id=memory_id,
@@ -299,6 +312,8 @@ class SQLStore(ABC):
             self._log(db, ns, "skip", None, write.target_id, write.policy, scores, now)
         else:
             review_id = new_review_id()
+            if write.default_ttl_s is not None and fact.expires_at is None and fact.ttl_s is None:
+                fact = dc_replace(fact, ttl_s=write.default_ttl_s)  # counted from the accept
             review = (review_id, ns, _fact_json(fact), write.inferred_key, write.policy)
             db.run(_INSERT_REVIEW, (*review, _blob(write.embedding), write.target_id, scores, now))
             result = WriteResult("review", target_id=write.target_id, review_id=review_id)
@@ -318,6 +333,7 @@ class SQLStore(ABC):
     ) -> tuple[str, int]:
         fact = write.fact
         memory_id = write.memory_id or new_memory_id()
+        expires_at = expiry_time(now, fact.expires_at, fact.ttl_s, write.default_ttl_s)
         params = (
             memory_id,
             fact.namespace,
@@ -331,6 +347,7 @@ class SQLStore(ABC):
             supersedes,
             scores,
             _blob(write.embedding),
+            expires_at,
         )
         rowid: int | None = None
         if self.dialect.returning:
@@ -364,10 +381,11 @@ class SQLStore(ABC):
         return row
 
     @staticmethod
-    def _supersede(db: Session, rowid: int, by: str) -> None:
+    def _supersede(db: Session, rowid: int, by: str, now: float) -> None:
         db.run(
-            "UPDATE memories SET status = 'superseded', superseded_by = ? WHERE rowid = ?",
-            (by, rowid),
+            "UPDATE memories SET status = 'superseded', superseded_by = ?, inactive_since = ? "
+            "WHERE rowid = ?",
+            (by, now, rowid),
         )
 
     @staticmethod
@@ -400,8 +418,8 @@ class SQLStore(ABC):
                 return rowid
             db.run(
                 "UPDATE memories SET status = 'forgotten', text = '', embedding = NULL, "
-                "scores = ? WHERE rowid = ?",
-                (_dumps(_scrub(_loads_dict(row[2])), "scores"), rowid),
+                "scores = ?, inactive_since = COALESCE(inactive_since, ?) WHERE rowid = ?",
+                (_dumps(_scrub(_loads_dict(row[2])), "scores"), now, rowid),
             )
             events = db.all(
                 "SELECT seq, scores FROM events WHERE memory_id = ? AND namespace = ?",
@@ -449,9 +467,13 @@ class SQLStore(ABC):
             if old is None or old[1] != "superseded" or old[2] != memory_id:
                 raise Conflict(f"the memory {memory_id} replaced is no longer superseded by it")
             restored_rowid = int(old[0])
-            db.run("UPDATE memories SET status = 'undone' WHERE rowid = ?", (undone_rowid,))
             db.run(
-                "UPDATE memories SET status = 'active', superseded_by = NULL WHERE rowid = ?",
+                "UPDATE memories SET status = 'undone', inactive_since = ? WHERE rowid = ?",
+                (now, undone_rowid),
+            )
+            db.run(
+                "UPDATE memories SET status = 'active', superseded_by = NULL, "
+                "inactive_since = NULL WHERE rowid = ?",
                 (restored_rowid,),
             )
             self._log(db, namespace, "undo", memory_id, old_id, None, "{}", now)
@@ -520,7 +542,7 @@ class SQLStore(ABC):
                     db, write, replaces, _dumps(scores, "scores"), now
                 )
                 if superseded_rowid is not None:
-                    self._supersede(db, superseded_rowid, new_id)
+                    self._supersede(db, superseded_rowid, new_id, now)
             resolved = (_RESOLVED_STATUS[resolution], now, new_id, review_id)
             if self.dialect.returning:
                 item_row = db.one(f"{_RESOLVE_REVIEW} RETURNING {_REVIEW_COLUMNS}", resolved)
@@ -543,27 +565,30 @@ class SQLStore(ABC):
 
     # -- reads -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _memory_by_rowid(db: Session, rowid: int) -> Memory:
-        return _memory(db.one(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = ?", (rowid,)))
+    def _memory_by_rowid(self, db: Session, rowid: int) -> Memory:
+        row = db.one(f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE rowid = ?", (rowid,))
+        return _lazy(_memory(row), self._clock())
 
     def get(self, namespace: str, memory_id: str) -> Memory | None:
-        """The memory, or None when absent or stored under another namespace."""
+        """The memory, or None when absent or stored under another namespace. An active
+        memory past its ``expires_at`` reads as ``expired`` (lazy expiry)."""
         _check_namespace(namespace)
+        now = self._clock()
         with self._reading("get") as db:
             row = db.one(
                 f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE id = ? AND namespace = ?",
                 (memory_id, namespace),
             )
-        return None if row is None else _memory(row)
+        return None if row is None else _lazy(_memory(row), now)
 
     def get_many(self, namespace: str, ids: Sequence[str]) -> list[Memory]:
         """The memories found, in the order of ``ids``; absent or foreign ids are left out."""
         _check_namespace(namespace)
         unique = list(dict.fromkeys(ids))
+        now = self._clock()
         with self._reading("get_many") as db:
             found = {
-                row[0]: _memory(row)
+                row[0]: _lazy(_memory(row), now)
                 for row in db.rows_in(
                     f"SELECT {_MEMORY_COLUMNS} FROM memories WHERE namespace = ? AND id",
                     namespace,
@@ -582,27 +607,30 @@ class SQLStore(ABC):
         wanted = _wanted(rowids)
         if not wanted and self.dialect.skip_empty:
             return {}
+        now = self._clock()
         with self._reading("texts_for_rowids") as db:
             return {
                 int(rowid): ActiveText(id_, text, inferred_key, key, kind)
-                for rowid, id_, text, inferred_key, key, kind in db.rows_in(
-                    "SELECT rowid, id, text, inferred_key, key, kind FROM memories "
+                for rowid, id_, text, inferred_key, key, kind, expires_at in db.rows_in(
+                    "SELECT rowid, id, text, inferred_key, key, kind, expires_at FROM memories "
                     "WHERE namespace = ? AND status = 'active' AND rowid",
                     namespace,
                     wanted,
                     " ORDER BY rowid",
                 )
+                if expires_at is None or expires_at > now  # never a candidate once expired
             }
 
     def active_by_key(self, namespace: str, key: str) -> Memory | None:
         """The newest active memory of ``namespace`` with the explicit ``key``."""
         _check_namespace(namespace)
+        now = self._clock()
         with self._reading("active_by_key") as db:
             row = db.one(
                 f"SELECT {_MEMORY_COLUMNS} FROM memories "
-                "WHERE namespace = ? AND key = ? AND status = 'active' "
+                f"WHERE namespace = ? AND key = ? AND {_LIVE} "
                 "ORDER BY rowid DESC LIMIT 1",
-                (namespace, key),
+                (namespace, key, now),
             )
         return None if row is None else _memory(row)
 
@@ -627,10 +655,11 @@ class SQLStore(ABC):
 
     def count_active(self, namespace: str) -> int:
         _check_namespace(namespace)
+        now = self._clock()
         with self._reading("count_active") as db:
             row = db.one(
-                "SELECT COUNT(*) FROM memories WHERE namespace = ? AND status = 'active'",
-                (namespace,),
+                f"SELECT COUNT(*) FROM memories WHERE namespace = ? AND {_LIVE}",
+                (namespace, now),
             )
         return int(row[0])
 
@@ -642,11 +671,12 @@ class SQLStore(ABC):
         snapshot. ``NotFound`` if absent.
         """
         _check_namespace(namespace)
+        now = self._clock()
         with self._reading("history") as db:
             rows = db.all(_HISTORY, (memory_id, namespace, namespace, namespace, namespace))
         if not rows:
             raise NotFound(f"no memory {memory_id} in this namespace")
-        return [_memory(r) for r in rows]
+        return [_lazy(_memory(r), now) for r in rows]
 
     def events(self, namespace: str, after_seq: int = 0, limit: int = 1000) -> list[Event]:
         """The namespace's events with ``seq > after_seq``, oldest first."""
@@ -752,3 +782,192 @@ class SQLStore(ABC):
                 )
             )
         return _stack(namespace, found)
+
+    # -- expiry and as-of reads (engine.lifecycle) -------------------------------------------
+
+    def now(self) -> float:
+        """The store's clock (injected in tests): lazy expiry is judged by it."""
+        return self._clock()
+
+    def _due(self, limit: int) -> list[tuple[int, str]]:
+        if not 1 <= limit <= self._settings.max_batch:
+            raise InvalidInput(f"limit must be in [1, {self._settings.max_batch}], got {limit}")
+        now = self._clock()
+        with self._reading("expire_due") as db:
+            rows = db.all(
+                "SELECT rowid, namespace FROM memories WHERE status = 'active' "
+                "AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at, rowid "
+                "LIMIT ?",
+                (now, limit),
+            )
+        return [(int(r), ns) for r, ns in rows]
+
+    def due_namespaces(self, limit: int) -> list[str]:
+        """The namespaces of the (up to ``limit``) memories the next sweep step would expire,
+        sorted: the gate takes their write locks first."""
+        return sorted({ns for _, ns in self._due(limit)})
+
+    def expire_due(self, limit: int, namespaces: Iterable[str] | None = None) -> list[Expired]:
+        """Mark up to ``limit`` active memories past their ``expires_at`` as ``expired``, oldest
+        expiry first, each with an ``expire`` event, in one transaction (one bounded batch:
+        writers wait for at most this one transaction). ``namespaces``: only those (the ones
+        whose locks the caller holds). Returns what it expired, so the index can drop their
+        rowids."""
+        due = self._due(limit)
+        if namespaces is not None:
+            allowed = set(namespaces)
+            due = [(r, ns) for r, ns in due if ns in allowed]
+        if not due:
+            return []
+        now = self._clock()
+        out: list[Expired] = []
+        with self._transaction("expire_due", {ns for _, ns in due}) as db:
+            for rowid, namespace in due:
+                # Re-read under the lock: a writer may have replaced or forgotten it since.
+                row = db.one(
+                    "SELECT id FROM memories WHERE rowid = ? AND status = 'active'", (rowid,)
+                )
+                if row is None:
+                    continue
+                db.run(
+                    "UPDATE memories SET status = 'expired', inactive_since = expires_at "
+                    "WHERE rowid = ?",
+                    (rowid,),
+                )
+                self._log(db, namespace, "expire", row[0], None, None, "{}", now)
+                out.append(Expired(namespace, row[0], int(rowid)))
+        return out
+
+    def as_of_point(self, namespace: str, as_of: AsOf) -> tuple[int, float]:
+        """``(seq, time)`` of a point of the namespace's log. A time T: the newest event of the
+        namespace stamped at or before T (0 before the first), read at T. A seq S: S itself,
+        read at the time of the newest event of the namespace up to S (0.0 before the
+        first)."""
+        _check_namespace(namespace)
+        if not isinstance(as_of, AsOf):
+            raise InvalidInput("as_of must be an engine.lifecycle.AsOf")
+        with self._reading("as_of_point") as db:
+            if as_of.time is not None:
+                row = db.one(
+                    "SELECT MAX(seq) FROM events WHERE namespace = ? AND created_at <= ?",
+                    (namespace, as_of.time),
+                )
+                seq = 0 if row is None or row[0] is None else int(row[0])
+                return seq, float(as_of.time)
+            assert as_of.seq is not None
+            row = db.one(
+                "SELECT created_at FROM events WHERE namespace = ? AND seq <= ? "
+                "ORDER BY seq DESC LIMIT 1",
+                (namespace, as_of.seq),
+            )
+        return as_of.seq, 0.0 if row is None else float(row[0])
+
+    def touched_since(self, namespace: str, seq: int) -> list[str]:
+        """Ids of the memories named by the namespace's events after ``seq``, in log order.
+
+        A memory no event after ``seq`` names has the same status at ``seq`` as now (up to
+        lazy expiry, which is by time). ``InvalidInput`` when more than ``max_as_of_events``
+        events follow ``seq``: the bound on an as-of read's cost."""
+        _check_namespace(namespace)
+        cap = self._settings.max_as_of_events
+        with self._reading("touched_since") as db:
+            rows = db.all(
+                "SELECT memory_id, target_id FROM events WHERE namespace = ? AND seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (namespace, seq, cap + 1),
+            )
+        if len(rows) > cap:
+            raise InvalidInput(
+                f"as_of is more than {cap} events back in this namespace; the store's "
+                "max_as_of_events bounds how far an as-of read may look back"
+            )
+        return list(dict.fromkeys(i for row in rows for i in row if i))
+
+    def lifecycle_events(self, namespace: str, ids: Sequence[str]) -> dict[str, list[LogEvent]]:
+        """Every event of the namespace naming each of ``ids`` (as its memory or its
+        target), oldest first."""
+        _check_namespace(namespace)
+        unique = sorted(set(ids))
+        out: dict[str, list[LogEvent]] = {i: [] for i in unique}
+        if not unique:
+            return out
+        columns = "SELECT seq, type, memory_id, target_id, created_at, scores FROM events"
+        seen: dict[int, LogEvent] = {}
+        with self._reading("lifecycle_events") as db:
+            for column in ("memory_id", "target_id"):
+                for seq, type_, mem, target, created_at, scores in db.rows_in(
+                    f"{columns} WHERE namespace = ? AND {column}", namespace, unique
+                ):
+                    accepted = (
+                        type_ == "review_resolved"
+                        and _loads_dict(scores).get("resolution") == "accept"
+                    )
+                    seen[int(seq)] = LogEvent(
+                        int(seq), type_, mem, target, float(created_at), accepted
+                    )
+        for event in sorted(seen.values(), key=lambda e: e.seq):
+            for name in {event.memory_id, event.target_id}:
+                if name in out:
+                    out[name].append(event)
+        return out
+
+    def memories_for_rowids(self, namespace: str, rowids: Sequence[int]) -> dict[int, Memory]:
+        """The memories of ``namespace`` among ``rowids``, of any status (lazy expiry
+        applied); negative rowids (FAISS padding) and foreign ones are left out."""
+        _check_namespace(namespace)
+        wanted = _wanted(rowids)
+        if not wanted:
+            return {}
+        now = self._clock()
+        with self._reading("memories_for_rowids") as db:
+            return {
+                int(row[0]): _lazy(_memory(row[1:]), now)
+                for row in db.rows_in(
+                    f"SELECT rowid, {_MEMORY_COLUMNS} FROM memories WHERE namespace = ? AND rowid",
+                    namespace,
+                    wanted,
+                )
+            }
+
+    def embedded(self, namespace: str, ids: Sequence[str]) -> list[Embedded]:
+        """The memories of ``namespace`` among ``ids`` that keep an embedding (forgotten ones
+        do not), of any status, by rowid."""
+        _check_namespace(namespace)
+        unique = sorted(set(ids))
+        if not unique:
+            return []
+        now = self._clock()
+        with self._reading("embedded") as db:
+            rows = list(
+                db.rows_in(
+                    f"SELECT rowid, {_MEMORY_COLUMNS}, embedding FROM memories "
+                    "WHERE namespace = ? AND embedding IS NOT NULL AND id",
+                    namespace,
+                    unique,
+                )
+            )
+        return sorted((_embedded(row, now) for row in rows), key=lambda e: e.rowid)
+
+    def inactive_embedded(self, namespace: str, limit: int) -> tuple[list[Embedded], bool]:
+        """Up to ``limit`` memories of ``namespace`` stored inactive (superseded, undone,
+        expired by the sweep) that keep an embedding, newest first, and whether more were
+        left out. Active memories past their expiry are the index's (lazy expiry)."""
+        _check_namespace(namespace)
+        if limit <= 0:
+            return [], False
+        now = self._clock()
+        with self._reading("inactive_embedded") as db:
+            rows = db.all(
+                f"SELECT rowid, {_MEMORY_COLUMNS}, embedding FROM memories "
+                "WHERE namespace = ? AND status <> 'active' AND embedding IS NOT NULL "
+                "ORDER BY rowid DESC LIMIT ?",
+                (namespace, limit + 1),
+            )
+        return [_embedded(row, now) for row in rows[:limit]], len(rows) > limit
+
+
+def _embedded(row: Sequence[Any], now: float) -> Embedded:
+    """``rowid, {_MEMORY_COLUMNS}, embedding`` -> :class:`Embedded`."""
+    vec = _vector(row[-1])
+    assert vec is not None
+    return Embedded(int(row[0]), _lazy(_memory(row[1:-1]), now), vec)

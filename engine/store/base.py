@@ -21,12 +21,15 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from engine.errors import InvalidInput
+from engine.lifecycle import AsOf, LogEvent
 from engine.types import ACTIONS, KINDS, Action, Event, Fact, Memory, ReviewItem
 
 __all__ = [
     "RESOLUTIONS",
     "REVIEW_STATUSES",
     "ActiveText",
+    "Embedded",
+    "Expired",
     "Resolution",
     "ReviewResolution",
     "ReviewStatus",
@@ -73,6 +76,10 @@ class StoreSettings:
     """Most writes one ``commit`` call may carry (one transaction)."""
     max_db_bytes: int | None = None
     """Cap on the database file size; writes beyond it fail with ``StorageFull``. None: no cap."""
+    max_as_of_events: int = 100_000
+    """Most events an as-of read may walk back over (the namespace's events after the point
+    it asks for): an older point is refused with ``InvalidInput``. Bounds the cost of as-of
+    reads to this many event rows plus the memories they touched."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.busy_timeout_ms <= 600_000:
@@ -87,6 +94,8 @@ class StoreSettings:
             raise InvalidInput(f"max_batch must be in [1, 1000000], got {self.max_batch}")
         if self.max_db_bytes is not None and not 1 << 16 <= self.max_db_bytes <= 1 << 50:
             raise InvalidInput(f"max_db_bytes must be in [65536, 2**50], got {self.max_db_bytes}")
+        if not 1 <= self.max_as_of_events <= 100_000_000:
+            raise InvalidInput(f"max_as_of_events must be in [1, 1e8], got {self.max_as_of_events}")
 
 
 def _check_id(value: str | None, what: str) -> None:
@@ -117,6 +126,9 @@ class Write:
     inferred_key: str | None = None
     memory_id: str | None = None
     """Id for the new memory (from :func:`new_memory_id`); None lets the store generate one."""
+    default_ttl_s: float | None = None
+    """The policy's TTL for the fact's kind, used when the fact carries no ``expires_at`` nor
+    ``ttl_s`` (engine.lifecycle.expiry_time)."""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -166,6 +178,22 @@ class WriteResult:
     """Index key of the memory this write superseded: remove it from the index."""
     replayed: bool = False
     """True when an idempotency key matched: this is the first write's result, nothing changed."""
+
+
+class Expired(NamedTuple):
+    """A memory the expiry sweep marked ``expired`` (its ``expire`` event is written)."""
+
+    namespace: str
+    memory_id: str
+    rowid: int
+
+
+class Embedded(NamedTuple):
+    """A stored memory with its embedding (any status)."""
+
+    rowid: int
+    memory: Memory
+    embedding: np.ndarray
 
 
 class ActiveText(NamedTuple):
@@ -299,6 +327,49 @@ class Store(Protocol):
         memories the events after ``after_seq`` touched. A replica's index at ``after_seq``
         is current again once it holds exactly the active ones of them (``active_embeddings``).
         """
+        ...
+
+    # Expiry and as-of reads (engine.lifecycle holds the rule they share).
+
+    def now(self) -> float:
+        """The store's clock: the time lazy expiry is judged by."""
+        ...
+
+    def due_namespaces(self, limit: int) -> list[str]:
+        """The namespaces of the (up to ``limit``) memories the next sweep step would expire."""
+        ...
+
+    def expire_due(self, limit: int, namespaces: Iterable[str] | None = None) -> list[Expired]:
+        """Mark up to ``limit`` active memories past their ``expires_at`` as ``expired`` (of
+        ``namespaces`` only, when given), with an ``expire`` event each, in one transaction
+        (oldest expiry first)."""
+        ...
+
+    def as_of_point(self, namespace: str, as_of: AsOf) -> tuple[int, float]:
+        """``(seq, time)`` of a point of the namespace's log: for a time, the newest event
+        stamped at or before it; for a seq, the time of the newest event up to it."""
+        ...
+
+    def touched_since(self, namespace: str, seq: int) -> list[str]:
+        """Ids of the memories the namespace's events after ``seq`` named (stored, replaced,
+        restored, forgotten, expired); ``InvalidInput`` beyond ``max_as_of_events`` events."""
+        ...
+
+    def lifecycle_events(self, namespace: str, ids: Sequence[str]) -> dict[str, list[LogEvent]]:
+        """Every event naming each of ``ids`` (as memory or target), oldest first."""
+        ...
+
+    def memories_for_rowids(self, namespace: str, rowids: Sequence[int]) -> dict[int, Memory]:
+        """The memories among ``rowids`` of any status, with lazy expiry applied."""
+        ...
+
+    def embedded(self, namespace: str, ids: Sequence[str]) -> list[Embedded]:
+        """The memories among ``ids`` that keep an embedding, of any status."""
+        ...
+
+    def inactive_embedded(self, namespace: str, limit: int) -> tuple[list[Embedded], bool]:
+        """Up to ``limit`` inactive memories with an embedding, newest first, and whether
+        more were left out."""
         ...
 
     def lock_namespaces(self, namespaces: Iterable[str]) -> AbstractContextManager[None]:

@@ -57,7 +57,23 @@ from engine.store.dsn import mask_dsn
 
 __all__ = ["DIALECT", "SCHEMA_VERSION", "PostgresSettings", "PostgresStore"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# Schema version 2 (expiry and as-of reads): the status check gains ``expired``, memories
+# gain ``expires_at`` and ``inactive_since``, and three indexes serve the sweep's due list,
+# the events naming a memory as their target and the events of a namespace by time. A
+# version-1 database is migrated by running these in place.
+_V2: tuple[str, ...] = (
+    "ALTER TABLE memories DROP CONSTRAINT IF EXISTS memories_status_check",
+    "ALTER TABLE memories ADD CONSTRAINT memories_status_check "
+    "CHECK (status IN ('active', 'superseded', 'forgotten', 'undone', 'expired'))",
+    "ALTER TABLE memories ADD COLUMN IF NOT EXISTS expires_at double precision",
+    "ALTER TABLE memories ADD COLUMN IF NOT EXISTS inactive_since double precision",
+    "CREATE INDEX IF NOT EXISTS memories_due ON memories(expires_at) "
+    "WHERE status = 'active' AND expires_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS events_target ON events(target_id)",
+    "CREATE INDEX IF NOT EXISTS events_ns_time ON events(namespace, created_at)",
+)
 
 _SCHEMA: tuple[str, ...] = (
     """
@@ -78,8 +94,7 @@ _SCHEMA: tuple[str, ...] = (
         metadata text NOT NULL,
         source text,
         created_at double precision NOT NULL,
-        status text NOT NULL
-            CHECK (status IN ('active', 'superseded', 'forgotten', 'undone')),
+        status text NOT NULL,
         supersedes text REFERENCES memories(id),
         superseded_by text REFERENCES memories(id),
         scores text NOT NULL,
@@ -133,6 +148,7 @@ _SCHEMA: tuple[str, ...] = (
         PRIMARY KEY (namespace, key)
     )
     """,
+    *_V2,
 )
 
 # Advisory-lock keys: the schema migration's, and one per namespace (64-bit digests).
@@ -315,6 +331,12 @@ class PostgresStore(SQLStore):
                         raise StorageError(
                             f"the store has schema version {version}; this engine knows up "
                             f"to {SCHEMA_VERSION}"
+                        )
+                    if version == 1:
+                        for statement in _V2:
+                            conn.execute(statement)
+                        conn.execute(
+                            "UPDATE memgate_meta SET schema_version = %s", (SCHEMA_VERSION,)
                         )
                     return
                 for statement in _SCHEMA:

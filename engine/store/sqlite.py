@@ -32,6 +32,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +44,16 @@ from engine.store.base import StoreSettings
 
 __all__ = ["DIALECT", "SCHEMA_VERSION", "SQLiteStore", "StatementHook", "disk_error"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# Added by schema version 2 (expiry and as-of reads): the sweep's due list, the events naming
+# a memory as their target (as-of replay) and the events of a namespace by time (as_of times).
+_V2_INDEXES: tuple[str, ...] = (
+    "CREATE INDEX memories_due ON memories(expires_at) "
+    "WHERE status = 'active' AND expires_at IS NOT NULL",
+    "CREATE INDEX events_target ON events(target_id)",
+    "CREATE INDEX events_ns_time ON events(namespace, created_at)",
+)
 
 _SCHEMA: tuple[str, ...] = (
     """
@@ -59,11 +69,13 @@ _SCHEMA: tuple[str, ...] = (
         source TEXT,
         created_at REAL NOT NULL,
         status TEXT NOT NULL
-            CHECK (status IN ('active', 'superseded', 'forgotten', 'undone')),
+            CHECK (status IN ('active', 'superseded', 'forgotten', 'undone', 'expired')),
         supersedes TEXT REFERENCES memories(id),
         superseded_by TEXT REFERENCES memories(id),
         scores TEXT NOT NULL,
-        embedding BLOB
+        embedding BLOB,
+        expires_at REAL,
+        inactive_since REAL
     )
     """,
     "CREATE INDEX memories_ns_status ON memories(namespace, status)",
@@ -83,6 +95,7 @@ _SCHEMA: tuple[str, ...] = (
     """,
     "CREATE INDEX events_ns_seq ON events(namespace, seq)",
     "CREATE INDEX events_memory ON events(memory_id)",
+    *_V2_INDEXES,
     """
     CREATE TABLE reviews (
         id TEXT PRIMARY KEY,
@@ -238,6 +251,66 @@ class _Connection(sqlite3.Connection):
         return cursor
 
 
+def _migrate_v1(db: Session) -> None:
+    """Schema 1 -> 2: ``memories`` gains ``expires_at``, ``inactive_since`` and the
+    ``expired`` status. SQLite cannot alter a CHECK constraint, so the table is rebuilt (the
+    documented 12-step way: the new table is filled, the old one dropped, the new renamed);
+    rowids and ids are copied unchanged, so indexes and snapshots stay valid."""
+    create = next(s for s in _SCHEMA if "CREATE TABLE memories" in s)
+    db.run(create.replace("CREATE TABLE memories", "CREATE TABLE memories_v2"))
+    columns = (
+        "rowid, id, namespace, kind, text, key, inferred_key, metadata, source, created_at, "
+        "status, supersedes, superseded_by, scores, embedding"
+    )
+    db.run(f"INSERT INTO memories_v2 ({columns}) SELECT {columns} FROM memories")
+    db.run("DROP TABLE memories")
+    db.run("ALTER TABLE memories_v2 RENAME TO memories")
+    for statement in _SCHEMA:  # the table's indexes went with it; the events' are new
+        if statement.startswith(("CREATE INDEX memories_", "CREATE INDEX events_")):
+            if statement.startswith("CREATE INDEX memories_") or statement in _V2_INDEXES:
+                db.run(statement)
+    db.run(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+class _FairLock:
+    """A lock handed to its waiters in the order they asked (``threading.Lock`` is not fair:
+    a thread that releases and asks again, like the expiry sweep between its batches, usually
+    gets it back at once). With it, a writer waits for the transactions that were queued
+    before it, never for a stream of later ones."""
+
+    __slots__ = ("_guard", "_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Lock] = deque()
+
+    def __enter__(self) -> None:
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        try:
+            turn.acquire()  # released by the holder that hands the lock over
+        except BaseException:  # interrupted (KeyboardInterrupt): leave the queue cleanly
+            with self._guard:
+                if turn in self._waiters:
+                    self._waiters.remove(turn)
+                    raise
+            self.__exit__()  # the lock was handed over meanwhile: pass it on
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().release()  # ownership passes on; _held stays True
+            else:
+                self._held = False
+
+
 class SQLiteStore(SQLStore):
     """The :class:`~engine.store.base.Store` on one SQLite file (WAL, ``synchronous=FULL``).
 
@@ -258,7 +331,7 @@ class SQLiteStore(SQLStore):
     ) -> None:
         self._settings = settings
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = _FairLock()
         self._closed = False
         self._failed: StorageError | None = None
         try:
@@ -274,7 +347,8 @@ class SQLiteStore(SQLStore):
         self._conn.hook = hook
         try:
             self._configure()
-            self._migrate()
+            self._migrate()  # before foreign keys are on: the v1 -> v2 rebuild drops a table
+            self._conn.execute("PRAGMA foreign_keys=ON")
         except BaseException:
             self._conn.close()
             self._closed = True
@@ -288,7 +362,6 @@ class SQLiteStore(SQLStore):
             conn = self._conn
             self._enter_wal()
             conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
             conn.execute(f"PRAGMA busy_timeout={int(s.busy_timeout_ms)}")
             conn.execute(f"PRAGMA wal_autocheckpoint={int(s.wal_autocheckpoint)}")
             if s.max_db_bytes is not None:
@@ -328,6 +401,8 @@ class SQLiteStore(SQLStore):
                 for statement in _SCHEMA:
                     db.run(statement)
                 db.run(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version == 1:
+                _migrate_v1(db)
 
     def close(self) -> None:
         """Checkpoint the WAL (best effort) and close. Idempotent.

@@ -49,7 +49,9 @@ def _check_types(base: Policy, overrides: dict[str, Any]) -> None:
         if name not in by_name or name in _FIXED:
             continue  # with_overrides refuses it with the project's one message
         default = getattr(base, name)
-        if isinstance(default, bool):
+        if default is None:  # optional seconds (the per-kind TTLs)
+            ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+        elif isinstance(default, bool):
             ok = isinstance(value, bool)
         elif isinstance(default, int):
             ok = isinstance(value, int) and not isinstance(value, bool)

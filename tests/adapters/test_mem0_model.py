@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.adapters import LocalEngine
+from engine.errors import InvalidInput
 
 pytestmark = pytest.mark.model
 
@@ -133,3 +134,41 @@ def test_llm_extraction_is_refused(mem0_memory: Any, real_engine: LocalEngine) -
     with pytest.raises(InvalidInput, match="infer=True"):
         memory.add("I moved to Austin.", user_id="alice", infer=True)
     assert memory.get_all(filters=ALICE)["results"] == []
+
+
+def test_expiration_date_expires_in_memgate_and_in_reads(
+    mem0_memory: Any, models: tuple[Any, Any], tmp_path: Path
+) -> None:
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager
+    from engine.store import SQLiteStore
+
+    now = [1000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    store = SQLiteStore(tmp_path / "mem0-expiry.db", clock=clock)
+    try:
+        embedder, nli = models
+        gate = Gate(store, IndexManager(store.iter_active_embeddings), embedder, nli)
+        memory = GatedMemory(mem0_memory, LocalEngine(gate), clock=clock)
+        [held] = memory.add(
+            "Seat 14C is on hold for the user.", **ALICE, expiration_date="1970-01-02"
+        )["results"]
+        memory.add("The user prefers aisle seats.", **ALICE)
+        ns = memory.namespace(**ALICE)
+        assert gate.get(ns, held["memgate_id"]).expires_at == 2 * 86400.0  # end of that day
+        assert len(memory.get_all(filters=ALICE)["results"]) == 2
+        now[0] = 2 * 86400.0 + 1
+        assert [m["memory"] for m in memory.get_all(filters=ALICE)["results"]] == [
+            "The user prefers aisle seats."
+        ]
+        hits = memory.search("Which seat is on hold?", filters=ALICE)["results"]
+        assert "Seat 14C is on hold for the user." not in [h["memory"] for h in hits]
+        assert memory.get(held["id"]) is None
+        assert gate.get(ns, held["memgate_id"]).status == "expired"
+        with pytest.raises(InvalidInput):
+            memory.add("The door code is 4321.", **ALICE, expiration_date="next week")
+    finally:
+        store.close()

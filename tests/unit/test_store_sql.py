@@ -68,7 +68,7 @@ def test_core_statements_hold_no_literal_percent_and_count_their_parameters() ->
     for name, text in statements.items():
         assert "%" not in text, name
     # What the core binds to each (see SQLStore._insert_memory, _apply, history, changes_since).
-    assert statements["_INSERT_MEMORY"].count("?") == 12
+    assert statements["_INSERT_MEMORY"].count("?") == 13
     assert statements["_INSERT_REVIEW"].count("?") == 9
     assert statements["_HISTORY"].count("?") == 5
     assert statements["_CHANGED"].count("?") == 6
