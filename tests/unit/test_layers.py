@@ -13,7 +13,7 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
 LAYERS: tuple[frozenset[str], ...] = (
     # pure foundations: the error tree, the shared types, the one namespace rule, file helpers
     frozenset({"engine", "engine.errors", "engine.types", "engine.validation", "engine.fsutil"}),
-    frozenset({"engine.facts"}),
+    frozenset({"engine.facts", "engine.lifecycle"}),  # facts from JSON; what is active when
     # model runtimes, FAISS indexes, stores: each knows nothing of the others' callers
     frozenset({"engine.runtime", "engine.index", "engine.store"}),
     frozenset({"engine.gate"}),  # the decision pipeline over store / index protocols

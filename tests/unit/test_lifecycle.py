@@ -176,7 +176,7 @@ def test_policy_default_ttl_per_kind() -> None:
     from pathlib import Path
 
     from engine.gate.policy import STRICT
-    from engine.policy_file import load_policy_file
+    from engine.tuning.policy_file import load_policy_file
 
     assert STRICT.ttl_for("episodic") is None
     pol = STRICT.with_overrides({"episodic_ttl_s": 3600.0, "procedural_ttl_s": 60})
