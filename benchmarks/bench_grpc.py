@@ -11,6 +11,10 @@
 
    * *closed loop*: 32 concurrent clients, one fact per call: facts/s, and the ratio to the
      baseline (target >= 0.8);
+   * *HTTP arm*: the same server also serves HTTP/JSON (``--http-port``, the same engine); 32
+     closed-loop httpx clients send the same facts as ``POST /v1/Triage`` JSON. The closed
+     loops run gRPC, HTTP, gRPC again (A-B-A, so drift on a shared machine shows), and HTTP
+     is compared with the mean of the two gRPC runs (target >= 0.85);
    * *open loop*: Poisson arrivals of single facts and small batches (2-8) at a sweep of offered
      loads, from a quarter of that capacity to twice it: throughput, p50/p95/p99 latency and the
      share shed with RESOURCE_EXHAUSTED. At 2x, the p99 of accepted calls is compared with the
@@ -196,6 +200,7 @@ def serve_main(args: argparse.Namespace) -> int:
         ),
         metrics_port=args.metrics_port,
         grace_s=2.0,
+        http_port=0 if args.http else None,
     )
     db = Path(args.db)
 
@@ -203,7 +208,7 @@ def serve_main(args: argparse.Namespace) -> int:
         with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
             server = MemgateServer(eng.gate, settings)
             port = await server.start()
-            print(f"PORT {port}", flush=True)
+            print(f"PORT {port} {server.http_port or 0}", flush=True)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -234,6 +239,7 @@ class ServerProcess:
             str(args.max_batch_facts),
             "--max-wait-ms",
             str(args.max_wait_ms),
+            "--http" if args.http else "--no-http",
         ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
@@ -246,6 +252,7 @@ class ServerProcess:
             self.proc.kill()
             raise SystemExit("the server subprocess did not start (run it with --serve to see why)")
         self.port = int(line.split()[1])
+        self.http_port = int(line.split()[2])
 
     def batch_stats(self) -> tuple[float, float]:
         """(sum of facts, count of batches) from the server's Prometheus endpoint."""
@@ -343,14 +350,18 @@ class Load:
             code = err.code().name
         out.append((time.perf_counter() - t0, code, size, queue))
 
-    async def closed(self, clients: int, seconds: float) -> tuple[list[Any], float]:
-        """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms."""
+    async def closed(
+        self, clients: int, seconds: float, http: HttpLoad | None = None
+    ) -> tuple[list[Any], float]:
+        """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms.
+        With ``http``, the calls go over HTTP/JSON instead of gRPC."""
         out: list[tuple[float, str, int, float]] = []
         end = time.perf_counter() + seconds
+        call = http.call if http is not None else self.call
 
         async def client() -> None:
             while time.perf_counter() < end:
-                await self.call(1, out)
+                await call(1, out)
                 if out[-1][1] == "RESOURCE_EXHAUSTED":
                     await asyncio.sleep(0.05 + 0.05 * self.rng.random())
 
@@ -384,6 +395,53 @@ class Load:
         if tasks:
             await asyncio.gather(*tasks)
         return out, max(window, time.perf_counter() - t0)
+
+
+class HttpLoad:
+    """The same facts as ``POST /v1/Triage`` JSON bodies, over keep-alive HTTP/1.1 (httpx)."""
+
+    def __init__(self, port: int, load: Load, clients: int) -> None:
+        self.port = port
+        self.load = load
+        self.clients = clients
+
+    async def __aenter__(self) -> HttpLoad:
+        import httpx
+
+        from engine.server.jsonmap import encode_json, message_to_dict
+
+        self.httpx = httpx
+        self.client = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{self.port}",
+            limits=httpx.Limits(max_connections=self.clients + 4),
+            timeout=30,
+        )
+        pb = self.load.pb
+        self.bodies = [
+            encode_json(message_to_dict(pb.TriageRequest(facts=[f]))) for f in self.load.encoded
+        ]
+        self.headers = {"content-type": "application/json"}
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+
+    async def call(self, size: int, out: list[tuple[float, str, int, float]]) -> None:
+        assert size == 1, "the HTTP arm sends single facts (the closed loop)"
+        body = self.bodies[self.load.cursor % len(self.bodies)]
+        self.load.cursor += 1
+        t0 = time.perf_counter()
+        queue = 0.0
+        try:
+            r = await self.client.post("/v1/Triage", content=body, headers=self.headers)
+            if r.status_code == 200:
+                code = "OK"
+                queue = r.json()["timings"]["queue"]
+            else:
+                code = r.json().get("code", str(r.status_code))
+        except self.httpx.HTTPError as err:
+            code = type(err).__name__
+        out.append((time.perf_counter() - t0, code, size, queue))
 
 
 def summarise(
@@ -429,6 +487,17 @@ async def run_load(
         closed = summarise(f"closed-{args.clients}", None, out, secs, delta(before))
         phases.append(closed)
         capacity = closed.throughput
+        if server.http_port:
+            async with HttpLoad(server.http_port, load, args.clients) as http:
+                await load.closed(8, 2.0, http)  # warm up the connections
+                print(f"  HTTP closed loop: {args.clients} clients x 1 fact", flush=True)
+                before = server.batch_stats()
+                out, secs = await load.closed(args.clients, args.phase_s, http)
+                phases.append(summarise(f"http-{args.clients}", None, out, secs, delta(before)))
+            print(f"  closed loop again (gRPC): {args.clients} clients", flush=True)
+            before = server.batch_stats()
+            out, secs = await load.closed(args.clients, args.phase_s)
+            phases.append(summarise(f"closed-{args.clients}b", None, out, secs, delta(before)))
         for mult in args.loads:
             offered = capacity * mult
             print(
@@ -471,6 +540,11 @@ def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
     ax1.plot(x, [p.throughput for p in opened], "o-", label="served (OK facts/s)")
     ax1.plot(x, x, ":", color="grey", label="offered")
     ax1.axhline(base["facts_per_s"], color="tab:red", ls="--", label="in-process batch-64")
+    for p in phases:
+        if p.name.startswith("http-"):
+            ax1.axhline(p.throughput, color="tab:green", ls="-.", label=f"HTTP/JSON {p.name}")
+        elif p.offered is None:
+            ax1.axhline(p.throughput, color="tab:blue", ls=":", lw=0.8, label=f"gRPC {p.name}")
     ax1.set_xlabel("offered load (facts/s)")
     ax1.set_ylabel("facts/s")
     ax1.set_title("throughput")
@@ -529,6 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-facts", type=int, default=None)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the HTTP/JSON arm (needs the http extra; --no-http: gRPC only)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     # the server subprocess
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -596,6 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     base["facts_per_s"] = (base["facts_per_s"] + after["facts_per_s"]) / 2
 
     closed = phases[0]
+    by_name = {p.name: p for p in phases}
+    http_phase = by_name.get(f"http-{args.clients}")
+    again = by_name.get(f"closed-{args.clients}b")
     opened = [p for p in phases if p.offered is not None]
     unloaded = opened[0]
     overload = opened[-1]
@@ -610,6 +693,14 @@ def main(argv: list[str] | None = None) -> int:
         "overload_accepted_p99_ms": overload.p99_ms,
         "overload_p99_over_unloaded_p99": overload.p99_ms / unloaded.p99_ms,
     }
+    if http_phase is not None and again is not None:
+        grpc_mean = (closed.throughput + again.throughput) / 2
+        figures |= {
+            "grpc_closed_facts_per_s_mean": grpc_mean,
+            "http_facts_per_s_32_clients": http_phase.throughput,
+            "ratio_http_to_grpc": http_phase.throughput / grpc_mean if grpc_mean else 0.0,
+            "http_other_errors": http_phase.other_errors,
+        }
     print()
     print(table(base, phases))
     print()
@@ -622,6 +713,13 @@ def main(argv: list[str] | None = None) -> int:
         f"served/in-process at {args.clients} single-fact clients: "
         f"{figures['ratio_served_to_in_process']:.2f} (target >= 0.8)"
     )
+    if "ratio_http_to_grpc" in figures:
+        print(
+            f"HTTP/JSON vs gRPC at {args.clients} closed-loop clients: "
+            f"{figures['http_facts_per_s_32_clients']:.1f} vs "
+            f"{figures['grpc_closed_facts_per_s_mean']:.1f} facts/s (gRPC: mean of the runs "
+            f"before and after) = {figures['ratio_http_to_grpc']:.2f} (target >= 0.85)"
+        )
     print(
         f"at {args.loads[-1]:.0f}x capacity: shed {overload.shed_share:.1%} "
         "with RESOURCE_EXHAUSTED;"
@@ -650,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             "min_calls": args.min_calls,
             "loads": args.loads,
             "rpc": "Triage (dry run)",
+            "http_arm": args.http,
             "models": base["models"],
         },
         "baseline": base,
