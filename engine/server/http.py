@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -32,6 +33,7 @@ from typing import Any
 try:
     import uvicorn
     from starlette.applications import Starlette
+    from starlette.datastructures import Headers
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import BaseRoute, Mount, Route
@@ -42,11 +44,13 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "(starlette, uvicorn)"
     ) from exc
 
-from engine.errors import InvalidInput
+from engine.errors import InvalidInput, Unauthenticated
+from engine.server.auth import Auth
 from engine.server.door import SERVICE, CallFailed, Deadline, Door, parse_timeout
 from engine.server.jsonmap import encode_json, message_from_json, message_to_dict
 from engine.server.openapi import NDJSON, openapi, route_of
 from engine.server.proto import pb
+from engine.server.status import rule_for
 
 __all__ = ["HttpDoor", "build_app"]
 
@@ -200,15 +204,36 @@ class _Streaming:
             await stream.aclose()
 
 
+def _authenticated(app: Any, auth: Auth) -> Any:
+    """``app`` behind the bearer-token check: with auth on, a request with no known token is
+    refused (the table's row for ``Unauthenticated``) before the MCP SDK sees it. Which
+    namespace a token may use is checked per call, by the handlers."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and auth.enabled:
+            headers = Headers(scope=scope)
+            try:
+                auth.authenticate([("authorization", headers.get("authorization", ""))])
+            except Unauthenticated as exc:
+                rule, rid = rule_for(exc), secrets.token_hex(8)
+                body = {"code": rule.code.name, "message": str(exc), "request_id": rid}
+                await _json_response(body, rule.http, rid)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
 def build_app(
     door: Door,
     *,
     health: Callable[[], bool],
     max_body_bytes: int = 16 << 20,
     mcp: tuple[Any, Callable[[], AbstractAsyncContextManager[Any]]] | None = None,
+    auth: Auth | None = None,
 ) -> Starlette:
     """The Starlette app: one route per RPC, ``/openapi.json``, ``/healthz``, and ``mcp`` =
-    (ASGI app, lifespan) mounted at ``/mcp`` when given."""
+    (ASGI app, lifespan) mounted at ``/mcp`` when given, behind ``auth``'s token check."""
     routes: list[BaseRoute] = []
     for method in SERVICE.methods:
         request_type = getattr(pb, method.input_type.name)
@@ -236,7 +261,7 @@ def build_app(
     lifespan = None
     if mcp is not None:
         mcp_app, mcp_lifespan = mcp
-        routes.append(Mount("/", app=mcp_app))
+        routes.append(Mount("/", app=_authenticated(mcp_app, auth or Auth(None))))
 
         @asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:

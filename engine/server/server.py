@@ -300,12 +300,13 @@ class MemgateServer:
                 from engine.server.mcp import http_app
             except ImportError as exc:
                 raise InvalidInput(str(exc)) from exc
-            mcp = http_app(self.door("mcp"), default_namespace=s.mcp_namespace)
+            mcp = http_app(self.door("mcp"), default_namespace=s.mcp_namespace, host=s.host)
         app = build_app(
             self.door("http"),
             health=lambda: self._health_status == SERVING and self.serving,
             max_body_bytes=s.max_message_bytes,
             mcp=mcp,
+            auth=self.auth,
         )
         self._http = HttpDoor(
             app, host=s.host, port=s.http_port or 0, tls_cert=s.tls_cert, tls_key=s.tls_key
