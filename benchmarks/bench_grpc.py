@@ -300,6 +300,9 @@ class Phase:
     shed_share: float
     mean_batch_facts: float
     queue_ms_mean: float
+    client_cpu_ms_per_call: float = float("nan")
+    """CPU of the load generator's process per call (closed loops): its client library's
+    share of the machine."""
 
 
 def _pct(lat: list[float], q: float) -> float:
@@ -313,6 +316,7 @@ class Load:
         self.channels_n = channels
         self.rng = random.Random(seed)
         self.cursor = 0
+        self.last_client_cpu_ms = float("nan")
 
     async def __aenter__(self) -> Load:
         import grpc
@@ -337,13 +341,21 @@ class Load:
         self.cursor += size
         return self.pb.TriageRequest(facts=facts)
 
-    async def call(self, size: int, out: list[tuple[float, str, int, float]]) -> None:
+    def read_request(self) -> Any:
+        """A store read (no model): the review queue of a fact's namespace."""
+        fact = self.encoded[self.cursor % len(self.encoded)]
+        self.cursor += 1
+        return self.pb.ListReviewRequest(namespace=fact.namespace, limit=10)
+
+    async def call(
+        self, size: int, out: list[tuple[float, str, int, float]], rpc: str = "Triage"
+    ) -> None:
         stub = self.stubs[self.rng.randrange(len(self.stubs))]
-        request = self.request(size)
+        request = self.request(size) if rpc == "Triage" else self.read_request()
         t0 = time.perf_counter()
         queue = 0.0
         try:
-            response = await stub.Triage(request, timeout=30)
+            response = await getattr(stub, rpc)(request, timeout=30)
             code = "OK"
             queue = response.timings.queue
         except self.grpc.aio.AioRpcError as err:
@@ -351,22 +363,24 @@ class Load:
         out.append((time.perf_counter() - t0, code, size, queue))
 
     async def closed(
-        self, clients: int, seconds: float, http: HttpLoad | None = None
+        self, clients: int, seconds: float, http: HttpLoad | None = None, rpc: str = "Triage"
     ) -> tuple[list[Any], float]:
         """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms.
-        With ``http``, the calls go over HTTP/JSON instead of gRPC."""
+        With ``http``, the calls go over HTTP/JSON instead of gRPC; ``rpc="ListReview"``: a
+        store read per call instead of a fact (the doors' own cost, no model)."""
         out: list[tuple[float, str, int, float]] = []
         end = time.perf_counter() + seconds
         call = http.call if http is not None else self.call
 
         async def client() -> None:
             while time.perf_counter() < end:
-                await call(1, out)
+                await call(1, out, rpc)
                 if out[-1][1] == "RESOURCE_EXHAUSTED":
                     await asyncio.sleep(0.05 + 0.05 * self.rng.random())
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client() for _ in range(clients)))
+        self.last_client_cpu_ms = (time.process_time() - cpu0) * 1000 / max(1, len(out))
         return out, time.perf_counter() - t0
 
     async def open(
@@ -420,20 +434,27 @@ class HttpLoad:
         self.bodies = [
             encode_json(message_to_dict(pb.TriageRequest(facts=[f]))) for f in self.load.encoded
         ]
+        self.reads = [
+            encode_json(message_to_dict(pb.ListReviewRequest(namespace=f.namespace, limit=10)))
+            for f in self.load.encoded
+        ]
         self.headers = {"content-type": "application/json"}
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.client.aclose()
 
-    async def call(self, size: int, out: list[tuple[float, str, int, float]]) -> None:
+    async def call(
+        self, size: int, out: list[tuple[float, str, int, float]], rpc: str = "Triage"
+    ) -> None:
         assert size == 1, "the HTTP arm sends single facts (the closed loop)"
-        body = self.bodies[self.load.cursor % len(self.bodies)]
+        bodies = self.bodies if rpc == "Triage" else self.reads
+        body = bodies[self.load.cursor % len(bodies)]
         self.load.cursor += 1
         t0 = time.perf_counter()
         queue = 0.0
         try:
-            r = await self.client.post("/v1/Triage", content=body, headers=self.headers)
+            r = await self.client.post(f"/v1/{rpc}", content=body, headers=self.headers)
             if r.status_code == 200:
                 code = "OK"
                 queue = r.json()["timings"]["queue"]
@@ -485,6 +506,7 @@ async def run_load(
         before = server.batch_stats()
         out, secs = await load.closed(args.clients, args.phase_s)
         closed = summarise(f"closed-{args.clients}", None, out, secs, delta(before))
+        closed.client_cpu_ms_per_call = load.last_client_cpu_ms
         phases.append(closed)
         capacity = closed.throughput
         if server.http_port:
@@ -494,10 +516,22 @@ async def run_load(
                 before = server.batch_stats()
                 out, secs = await load.closed(args.clients, args.phase_s, http)
                 phases.append(summarise(f"http-{args.clients}", None, out, secs, delta(before)))
+                phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
             print(f"  closed loop again (gRPC): {args.clients} clients", flush=True)
             before = server.batch_stats()
             out, secs = await load.closed(args.clients, args.phase_s)
             phases.append(summarise(f"closed-{args.clients}b", None, out, secs, delta(before)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
+            # The doors' own cost: store reads (ListReview), no model, gRPC then HTTP.
+            reads_s = args.phase_s / 2
+            print(f"  store reads (ListReview), gRPC then HTTP: {reads_s:.0f}s each", flush=True)
+            out, secs = await load.closed(args.clients, reads_s, rpc="ListReview")
+            phases.append(summarise(f"reads-grpc-{args.clients}", None, out, secs, (0, 0)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
+            async with HttpLoad(server.http_port, load, args.clients) as http:
+                out, secs = await load.closed(args.clients, reads_s, http, rpc="ListReview")
+            phases.append(summarise(f"reads-http-{args.clients}", None, out, secs, (0, 0)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
         for mult in args.loads:
             offered = capacity * mult
             print(
@@ -543,7 +577,7 @@ def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
     for p in phases:
         if p.name.startswith("http-"):
             ax1.axhline(p.throughput, color="tab:green", ls="-.", label=f"HTTP/JSON {p.name}")
-        elif p.offered is None:
+        elif p.offered is None and not p.name.startswith("reads-"):
             ax1.axhline(p.throughput, color="tab:blue", ls=":", lw=0.8, label=f"gRPC {p.name}")
     ax1.set_xlabel("offered load (facts/s)")
     ax1.set_ylabel("facts/s")
@@ -679,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {p.name: p for p in phases}
     http_phase = by_name.get(f"http-{args.clients}")
     again = by_name.get(f"closed-{args.clients}b")
+    reads_grpc = by_name.get(f"reads-grpc-{args.clients}")
+    reads_http = by_name.get(f"reads-http-{args.clients}")
     opened = [p for p in phases if p.offered is not None]
     unloaded = opened[0]
     overload = opened[-1]
@@ -701,6 +737,14 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_http_to_grpc": http_phase.throughput / grpc_mean if grpc_mean else 0.0,
             "http_other_errors": http_phase.other_errors,
         }
+    if reads_grpc is not None and reads_http is not None and reads_grpc.throughput:
+        figures |= {
+            "reads_grpc_calls_per_s": reads_grpc.throughput,
+            "reads_http_calls_per_s": reads_http.throughput,
+            "ratio_http_to_grpc_reads": reads_http.throughput / reads_grpc.throughput,
+            "reads_grpc_client_cpu_ms_per_call": reads_grpc.client_cpu_ms_per_call,
+            "reads_http_client_cpu_ms_per_call": reads_http.client_cpu_ms_per_call,
+        }
     print()
     print(table(base, phases))
     print()
@@ -719,6 +763,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{figures['http_facts_per_s_32_clients']:.1f} vs "
             f"{figures['grpc_closed_facts_per_s_mean']:.1f} facts/s (gRPC: mean of the runs "
             f"before and after) = {figures['ratio_http_to_grpc']:.2f} (target >= 0.85)"
+        )
+    if "ratio_http_to_grpc_reads" in figures:
+        print(
+            f"the doors alone (ListReview store reads, no model): HTTP "
+            f"{figures['reads_http_calls_per_s']:.0f} vs gRPC "
+            f"{figures['reads_grpc_calls_per_s']:.0f} calls/s = "
+            f"{figures['ratio_http_to_grpc_reads']:.2f}; the load generator's own CPU per call: "
+            f"httpx {figures['reads_http_client_cpu_ms_per_call']:.2f} ms, grpc.aio "
+            f"{figures['reads_grpc_client_cpu_ms_per_call']:.2f} ms (same cores as the server)"
         )
     print(
         f"at {args.loads[-1]:.0f}x capacity: shed {overload.shed_share:.1%} "

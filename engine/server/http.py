@@ -295,8 +295,12 @@ class HttpDoor:
 
     async def start(self) -> int:
         family = socket.AF_INET6 if ":" in self._host.strip("[]") else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP
+        # (proto 0 would leave Nagle on, and every response would wait ~40 ms for the client's
+        # delayed ACK between its head and body writes). Linux also inherits it on accept.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             sock.bind((self._host.strip("[]"), self._port))
         except OSError as exc:

@@ -446,3 +446,15 @@ def test_curl_writes_recalls_and_reads_errors(h: HttpHarness) -> None:
         check=True,
     ).stdout
     assert [json.loads(x)["decision"]["action"] for x in out.splitlines()] == ["ADD"]
+
+
+def test_the_listener_is_tcp_with_nodelay(h: HttpHarness) -> None:
+    """asyncio turns Nagle off only on sockets whose proto says TCP; with it on, every response
+    waited ~40 ms for the client's delayed ACK (found by bench_grpc's store-read arm)."""
+    import socket
+
+    st = serve(h)
+    assert st.server is not None
+    sock = st.server._http._socket  # noqa: SLF001 - the listener the door bound
+    assert sock.proto == socket.IPPROTO_TCP
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
