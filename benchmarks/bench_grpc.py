@@ -12,7 +12,8 @@
    * *closed loop*: 32 concurrent clients, one fact per call: facts/s, and the ratio to the
      baseline (target >= 0.8);
    * *HTTP arm*: the same server also serves HTTP/JSON (``--http-port``, the same engine); 32
-     closed-loop httpx clients send the same facts as ``POST /v1/Triage`` JSON. The closed
+     closed-loop clients (keep-alive connections, httptools' C parser) send the same facts as
+     ``POST /v1/Triage`` JSON. The closed
      loops run gRPC, HTTP, gRPC again (A-B-A, so drift on a shared machine shows), and HTTP
      is compared with the mean of the two gRPC runs (target >= 0.85);
    * *open loop*: Poisson arrivals of single facts and small batches (2-8) at a sweep of offered
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -411,8 +413,41 @@ class Load:
         return out, max(window, time.perf_counter() - t0)
 
 
+class _Keepalive:
+    """One keep-alive HTTP/1.1 connection whose responses are parsed by httptools (the C parser
+    uvicorn[standard] ships). httpx spent 1-3 ms of CPU per call on these 2 cores, which the
+    server then lacked; this client spends a fraction of that, so the arm measures the door."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import httptools
+
+        self.reader, self.writer = reader, writer
+        self._chunks: list[bytes] = []
+        self._done = False
+        self._parser = httptools.HttpResponseParser(self)
+
+    # httptools callbacks
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self._done = True
+
+    async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        self._chunks, self._done = [], False
+        while not self._done:
+            data = await self.reader.read(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self._parser.feed_data(data)
+        return self._parser.get_status_code(), b"".join(self._chunks)
+
+
 class HttpLoad:
-    """The same facts as ``POST /v1/Triage`` JSON bodies, over keep-alive HTTP/1.1 (httpx)."""
+    """The same facts as ``POST /v1/Triage`` JSON bodies (or the same store reads), over
+    keep-alive HTTP/1.1: one connection per closed-loop client, as gRPC's clients share
+    ``--channels`` HTTP/2 connections."""
 
     def __init__(self, port: int, load: Load, clients: int) -> None:
         self.port = port
@@ -420,16 +455,8 @@ class HttpLoad:
         self.clients = clients
 
     async def __aenter__(self) -> HttpLoad:
-        import httpx
-
         from engine.server.jsonmap import encode_json, message_to_dict
 
-        self.httpx = httpx
-        self.client = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{self.port}",
-            limits=httpx.Limits(max_connections=self.clients + 4),
-            timeout=30,
-        )
         pb = self.load.pb
         self.bodies = [
             encode_json(message_to_dict(pb.TriageRequest(facts=[f]))) for f in self.load.encoded
@@ -438,11 +465,24 @@ class HttpLoad:
             encode_json(message_to_dict(pb.ListReviewRequest(namespace=f.namespace, limit=10)))
             for f in self.load.encoded
         ]
-        self.headers = {"content-type": "application/json"}
+        # The same 30 s deadline as the gRPC calls (deadline-aware admission treats both alike).
+        self.heads = {
+            rpc: (
+                f"POST /v1/{rpc} HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
+                "content-type: application/json\r\nx-timeout-s: 30\r\n"
+            ).encode()
+            for rpc in ("Triage", "ListReview")
+        }
+        self.pool: asyncio.Queue[_Keepalive] = asyncio.Queue()
+        for _ in range(self.clients):
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            self.pool.put_nowait(_Keepalive(reader, writer))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.client.aclose()
+        while not self.pool.empty():
+            conn = self.pool.get_nowait()
+            conn.writer.close()
 
     async def call(
         self, size: int, out: list[tuple[float, str, int, float]], rpc: str = "Triage"
@@ -451,17 +491,21 @@ class HttpLoad:
         bodies = self.bodies if rpc == "Triage" else self.reads
         body = bodies[self.load.cursor % len(bodies)]
         self.load.cursor += 1
+        conn = await self.pool.get()
         t0 = time.perf_counter()
         queue = 0.0
         try:
-            r = await self.client.post(f"/v1/{rpc}", content=body, headers=self.headers)
-            if r.status_code == 200:
+            status, raw = await conn.post(self.heads[rpc], body)
+            answer = json.loads(raw)
+            if status == 200:
                 code = "OK"
-                queue = r.json()["timings"]["queue"]
+                queue = answer["timings"]["queue"]
             else:
-                code = r.json().get("code", str(r.status_code))
-        except self.httpx.HTTPError as err:
+                code = answer.get("code", str(status))
+        except (OSError, ValueError) as err:
             code = type(err).__name__
+        finally:
+            self.pool.put_nowait(conn)
         out.append((time.perf_counter() - t0, code, size, queue))
 
 
@@ -770,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{figures['reads_http_calls_per_s']:.0f} vs gRPC "
             f"{figures['reads_grpc_calls_per_s']:.0f} calls/s = "
             f"{figures['ratio_http_to_grpc_reads']:.2f}; the load generator's own CPU per call: "
-            f"httpx {figures['reads_http_client_cpu_ms_per_call']:.2f} ms, grpc.aio "
+            f"HTTP {figures['reads_http_client_cpu_ms_per_call']:.2f} ms, grpc.aio "
             f"{figures['reads_grpc_client_cpu_ms_per_call']:.2f} ms (same cores as the server)"
         )
     print(

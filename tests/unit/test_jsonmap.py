@@ -83,3 +83,28 @@ def test_openapi_is_read_off_the_descriptors() -> None:
         "$ref": "#/components/schemas/Error"
     }
     json.dumps(doc)  # serialisable as it is
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("engine.server.http", "starlette", "`http` extra"),
+        ("engine.server.http", "uvicorn", "`http` extra"),
+        ("engine.server.mcp", "mcp", "`mcp` extra"),
+    ],
+)
+def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> None:
+    """Importing a door without its extra fails with a message that names the extra."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        f"import sys; sys.modules[{blocked!r}] = None\n"
+        f"try:\n    import {module}\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert extra in out.stdout, (out.stdout, out.stderr)
