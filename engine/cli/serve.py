@@ -1,4 +1,5 @@
-"""``memgate serve``: the gate over gRPC (health, reflection, metrics, auth, TLS).
+"""``memgate serve``: the gate over gRPC (health, reflection, metrics, auth, TLS), and with
+``--http-port`` over HTTP/JSON too (``--mcp``: the MCP server on that port), one engine.
 
 Reads what the server needs from files (tokens file, TLS material); see the README's "Serving"
 section for every flag, the tokens-file format and a metrics example.
@@ -21,6 +22,23 @@ def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve the gate over gRPC (health, metrics, auth, TLS)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0: all interfaces)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="also serve HTTP/JSON on this port (same engine, auth and limits; the http extra)",
+    )
+    p.add_argument(
+        "--mcp",
+        action="store_true",
+        help="serve MCP (streamable HTTP) at /mcp on --http-port (the mcp extra)",
+    )
+    p.add_argument(
+        "--mcp-namespace",
+        default="",
+        help="MCP: the namespace of sessions that send no x-memgate-namespace header "
+        "(inside the token's prefixes)",
+    )
     p.add_argument(
         "--tokens-file", help='JSON {"token": ["namespace prefix", ...]}; absent: auth off'
     )
@@ -127,6 +145,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         usage_error(PROG, "--max-text-bytes must be in [1, 1000000]")
     if bool(args.tls_cert) != bool(args.tls_key):
         usage_error(PROG, "--tls-cert and --tls-key go together")
+    if args.mcp and args.http_port is None:
+        usage_error(PROG, "--mcp is served on the HTTP port: give --http-port too")
     tokens = parse_tokens(Path(args.tokens_file).read_text("utf-8")) if args.tokens_file else None
     server = ServerSettings(
         host=args.host,
@@ -151,6 +171,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         tls_cert=Path(args.tls_cert).read_bytes() if args.tls_cert else None,
         tls_key=Path(args.tls_key).read_bytes() if args.tls_key else None,
         exact_tokens=args.exact_tokens,
+        http_port=args.http_port,
+        mcp=args.mcp,
+        mcp_namespace=args.mcp_namespace,
     )
     # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
     # at most N characters), so --max-text-bytes is the only limit a client can meet.

@@ -15,6 +15,12 @@ For each call to ``memgate.v1.Memgate`` (health and reflection pass untouched) i
    access-log line (rpc, code, ms, request id, facts count; never texts).
 
 Handlers therefore hold no ``try/except``: they raise domain errors and return messages.
+
+The HTTP/JSON and MCP doors (``engine.server.http``, ``engine.server.mcp``) call the same
+handlers through the same steps: :meth:`ServiceInterceptor.open_call`,
+:meth:`~ServiceInterceptor.admit`, :meth:`~ServiceInterceptor.describe_failure` and
+:meth:`~ServiceInterceptor.close_call`, so draining, auth, the status table, metrics and the
+access log are one code path whichever door a call came through.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -37,13 +43,14 @@ from engine.server.auth import Auth, Principal
 from engine.server.convert import check_decoded, guard_deserializer
 from engine.server.logs import access_logger
 from engine.server.metrics import Metrics
-from engine.server.status import rule_for
+from engine.server.status import Rule, rule_for
 
 __all__ = ["Call", "ServiceInterceptor", "current_call"]
 
 log = logging.getLogger("memgate.server")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_CANCELLED = Rule(grpc.StatusCode.CANCELLED, 499, False, "the call was cancelled")
 
 
 @dataclass
@@ -56,6 +63,9 @@ class Call:
     facts: int = 0
     code: grpc.StatusCode = grpc.StatusCode.OK
     started: float = field(default_factory=time.perf_counter)
+    door: str = "grpc"
+    """Which door the call came through: grpc, http or mcp (the access log says it)."""
+    closed: bool = False
 
     def authorize(self, namespace: str) -> None:
         self.principal.authorize(namespace)
@@ -169,29 +179,65 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     async def _guard(self, rpc: str, context: grpc.aio.ServicerContext) -> AsyncIterator[Call]:
         """Around one handler: begin, refuse while draining, authenticate; map any failure to
         its status; end (metrics, access log)."""
-        call = self._begin(rpc, context)
+        metadata = context.invocation_metadata() or ()
+        call = self.open_call(rpc, next((v for k, v in metadata if k == "x-request-id"), None))
+        context.set_trailing_metadata((("x-request-id", call.request_id),))
         try:
-            _CURRENT.set(call)
             await context.send_initial_metadata((("x-request-id", call.request_id),))
-            if self._draining:
-                raise Unavailable("the server is draining; retry on another replica")
-            call.principal = self._auth.authenticate(context.invocation_metadata() or ())
+            self.admit(call, metadata)
             yield call
         except BaseException as exc:
             await self._fail(call, exc, context)
             raise
         finally:
-            self._end(call)
+            self.close_call(call)
 
-    # -- the three steps ------------------------------------------------------------------------
-    def _begin(self, rpc: str, context: grpc.aio.ServicerContext) -> Call:
+    # -- the steps, for every door --------------------------------------------------------------
+    def open_call(self, rpc: str, request_id: object = None, *, door: str = "grpc") -> Call:
+        """Begin a call: count it in flight, give it a request id (``request_id`` when it is
+        sane, else a fresh one) and make it :func:`current_call`. Pair with
+        :meth:`close_call`."""
         self._in_flight += 1
-        rid = next((v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None)
+        rid = request_id
         if not isinstance(rid, str) or not _REQUEST_ID.match(rid):
             rid = secrets.token_hex(8)
-        call = Call(rpc, rid)
-        context.set_trailing_metadata((("x-request-id", rid),))
+        call = Call(rpc, rid, door=door)
+        _CURRENT.set(call)
         return call
+
+    def admit(self, call: Call, metadata: Iterable[tuple[str, str | bytes]]) -> None:
+        """Refuse the call while draining (``Unavailable``); authenticate its token."""
+        if self._draining:
+            raise Unavailable("the server is draining; retry on another replica")
+        call.principal = self._auth.authenticate(metadata)
+
+    def describe_failure(self, call: Call, exc: BaseException) -> tuple[Rule, str]:
+        """The table's row for ``exc`` and the message the client may read; records the code
+        on ``call``. Anything not public (an unknown error, a model or storage failure) is
+        logged here with its traceback and answered with a fixed sentence and the request id.
+        A cancelled call is recorded as CANCELLED (no client is left to answer)."""
+        if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+            call.code = grpc.StatusCode.CANCELLED
+            return _CANCELLED, "the call was cancelled"
+        rule = rule_for(exc)
+        call.code = rule.code
+        if isinstance(exc, MemgateError) and rule.public:
+            return rule, str(exc)
+        log.error(
+            "%s failed: %s",
+            call.rpc,
+            type(exc).__name__,
+            exc_info=exc,
+            extra={"fields": {"rpc": call.rpc, "request_id": call.request_id}},
+        )
+        return rule, f"{rule.message or 'internal error'} (request id {call.request_id})"
+
+    def close_call(self, call: Call) -> None:
+        """End a call (idempotent): metrics and the access-log line."""
+        if call.closed:
+            return
+        call.closed = True
+        self._end(call)
 
     async def _fail(
         self, call: Call, exc: BaseException, context: grpc.aio.ServicerContext
@@ -209,19 +255,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if not isinstance(exc, Exception):
             call.code = grpc.StatusCode.INTERNAL
             return
-        rule = rule_for(exc)
-        call.code = rule.code
-        if isinstance(exc, MemgateError) and rule.public:
-            message = str(exc)
-        else:
-            message = f"{rule.message or 'internal error'} (request id {call.request_id})"
-            log.error(
-                "%s failed: %s",
-                call.rpc,
-                type(exc).__name__,
-                exc_info=exc,
-                extra={"fields": {"rpc": call.rpc, "request_id": call.request_id}},
-            )
+        rule, message = self.describe_failure(call, exc)
         await context.abort(
             rule.code, message, trailing_metadata=(("x-request-id", call.request_id),)
         )
@@ -245,6 +279,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                         "request_id": call.request_id,
                         "facts": call.facts,
                         "principal": call.principal.name,
+                        "door": call.door,
                     }
                 },
             )

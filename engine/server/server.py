@@ -28,7 +28,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from engine.app import build_engine
 from engine.core import Batcher, CoreSettings, ModelDone, ModelWork, Permits, QueueSettings
-from engine.errors import InvalidInput, StorageError
+from engine.errors import InvalidInput, StorageError, Unavailable
 from engine.server.auth import Auth
 from engine.server.convert import Limits
 from engine.server.interceptor import ServiceInterceptor
@@ -52,8 +52,9 @@ class ServerSettings:
 
     host: str = "127.0.0.1"
     """Address to bind; ``0.0.0.0`` or ``[::]`` to listen on every interface."""
-    port: int = 50051
-    """Port to bind; 0 picks a free one (see :attr:`MemgateServer.port`)."""
+    port: int | None = 50051
+    """Port to bind; 0 picks a free one (see :attr:`MemgateServer.port`); None: no gRPC
+    listener (an in-process door only, as ``memgate mcp`` over stdio)."""
     max_request_facts: int = 256
     """Most facts in one Triage or Write request (more: INVALID_ARGUMENT)."""
     limits: Limits = field(default_factory=Limits)
@@ -94,10 +95,26 @@ class ServerSettings:
     exact_tokens: bool = True
     """Count the batch budget with the embedder's tokenizer (real token counts); False: the
     len/4 estimate, which costs no tokenizer call at the door."""
+    http_port: int | None = None
+    """Serve HTTP/JSON (``engine.server.http``, the ``http`` extra) on this port of ``host``, next
+    to gRPC on the same engine; 0 picks a free one; None: off."""
+    mcp: bool = False
+    """Mount the MCP server (streamable HTTP, the ``mcp`` extra) at ``/mcp`` on the HTTP port."""
+    mcp_namespace: str = ""
+    """MCP over HTTP: the namespace of a session that sends no ``x-memgate-namespace`` header
+    (either way it must be inside the bearer token's prefixes); empty: the header is required."""
 
     def __post_init__(self) -> None:
         checks = [
-            (0 <= self.port <= 65535, "port must be in [0, 65535]"),
+            (self.port is None or 0 <= self.port <= 65535, "port must be in [0, 65535]"),
+            (
+                self.http_port is None or 0 <= self.http_port <= 65535,
+                "http_port must be in [0, 65535]",
+            ),
+            (
+                not self.mcp or self.http_port is not None,
+                "mcp needs http_port (it is served there)",
+            ),
             (1 <= self.max_request_facts <= 100_000, "max_request_facts must be in [1, 100000]"),
             (
                 1 << 10 <= self.max_message_bytes <= 1 << 30,
@@ -185,7 +202,11 @@ class MemgateServer:
         self._interceptor = ServiceInterceptor(SERVICE_NAME, self.auth, self.metrics)
         self.health = _Health()
         self.port: int | None = None
+        self.http_port: int | None = None
         self.metrics_port: int | None = None
+        self.service: MemgateService | None = None
+        self._http: Any = None
+        self._health_status = NOT_SERVING
         self._server: grpc.aio.Server | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -226,12 +247,82 @@ class MemgateServer:
         if not self.auth.enabled:
             log.warning("no tokens file: authentication is OFF, every namespace is open")
         await self.engine.start()
-        service = MemgateService(
+        service = self.service = MemgateService(
             self.engine,
             limits=s.limits,
             max_request_facts=s.max_request_facts,
             metrics=self.metrics,
         )
+        if s.port is not None:
+            await self._start_grpc(service)
+        self.metrics.watch(
+            lambda: self.engine.pending_facts,
+            lambda: self.engine.permits.in_use,
+            lambda: self.engine.permits.current_limit,
+        )
+        self.metrics.describe(self.gate)
+        if s.metrics_port:
+            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
+        if s.http_port is not None:
+            await self._start_http(service)
+        for name in ("", SERVICE_NAME):
+            await self._set_health(name, SERVING)
+        self._watch_store()
+        log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "address": f"{s.host}:{self.port}",
+                    "http_port": self.http_port,
+                    "mcp": s.mcp,
+                    "tls": s.tls_cert is not None,
+                    "auth": self.auth.enabled,
+                    "metrics_port": self.metrics_port,
+                }
+            },
+        )
+        return self.port or 0
+
+    def door(self, name: str) -> Any:
+        """A :class:`engine.server.door.Door` onto this server's handlers (after start)."""
+        from engine.server.door import Door
+
+        if self.service is None:
+            raise Unavailable("the server is not started")
+        return Door(self.service, self._interceptor, name)
+
+    async def _start_http(self, service: MemgateService) -> None:
+        s = self.settings
+        try:
+            from engine.server.http import HttpDoor, build_app
+        except ImportError as exc:
+            raise InvalidInput(str(exc)) from exc
+        mcp = None
+        if s.mcp:
+            try:
+                from engine.server.mcp import http_app
+            except ImportError as exc:
+                raise InvalidInput(str(exc)) from exc
+            mcp = http_app(self.door("mcp"), default_namespace=s.mcp_namespace, host=s.host)
+        app = build_app(
+            self.door("http"),
+            health=lambda: self._health_status == SERVING and self.serving,
+            max_body_bytes=s.max_message_bytes,
+            mcp=mcp,
+            auth=self.auth,
+        )
+        self._http = HttpDoor(
+            app, host=s.host, port=s.http_port or 0, tls_cert=s.tls_cert, tls_key=s.tls_key
+        )
+        self.http_port = await self._http.start()
+
+    async def _set_health(self, name: str, status: Any) -> None:
+        if name == "":
+            self._health_status = status
+        await self.health.set(name, status)
+
+    async def _start_grpc(self, service: MemgateService) -> None:
+        s = self.settings
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
@@ -253,31 +344,8 @@ class MemgateServer:
             self.port = server.add_insecure_port(address)
         if not self.port:
             raise InvalidInput(f"could not bind {address}")
-        self.metrics.watch(
-            lambda: self.engine.pending_facts,
-            lambda: self.engine.permits.in_use,
-            lambda: self.engine.permits.current_limit,
-        )
-        self.metrics.describe(self.gate)
-        if s.metrics_port:
-            self.metrics_port = self.metrics.serve(s.metrics_port, s.metrics_host)
         await server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, SERVING)
-        self._watch_store()
-        log.info(
-            "serving",
-            extra={
-                "fields": {
-                    "address": f"{s.host}:{self.port}",
-                    "tls": s.tls_cert is not None,
-                    "auth": self.auth.enabled,
-                    "metrics_port": self.metrics_port,
-                }
-            },
-        )
-        return self.port
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain within ``grace`` seconds (default: settings), keeping the shutdown contract
@@ -302,6 +370,8 @@ class MemgateServer:
             "draining",
             extra={"fields": {"drained": drained, "in_flight": self._interceptor.in_flight}},
         )
+        if self._http is not None:
+            await self._http.stop()
         if self._server is not None:
             await self._server.stop(0.5 if drained else 0)
         await self.engine.close()
@@ -342,6 +412,8 @@ class MemgateServer:
     async def wait(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+        else:
+            await asyncio.Event().wait()  # no gRPC listener: until cancelled
 
     @property
     def serving(self) -> bool:
@@ -366,7 +438,7 @@ class MemgateServer:
                     serving = up
                     log.warning("store reachable" if up else "store unreachable; NOT_SERVING")
                     for name in ("", SERVICE_NAME):
-                        await self.health.set(name, SERVING if up else NOT_SERVING)
+                        await self._set_health(name, SERVING if up else NOT_SERVING)
                 await asyncio.sleep(0.5)
 
         self._store_watch = asyncio.get_running_loop().create_task(watch())
@@ -377,7 +449,7 @@ class MemgateServer:
         if loop is None or loop.is_closed():
             return
         for name in ("", SERVICE_NAME):
-            task = loop.create_task(self.health.set(name, NOT_SERVING))
+            task = loop.create_task(self._set_health(name, NOT_SERVING))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
