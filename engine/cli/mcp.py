@@ -51,7 +51,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from engine.app import open_engine
     from engine.errors import InvalidInput
     from engine.gate.gate import GateSettings
-    from engine.policy_file import PolicyFileGate, load_policy_file
+    from engine.tuning.policy_file import PolicyFileGate, load_policy_file
     from engine.validation import check_namespace
 
     try:
