@@ -73,7 +73,9 @@ lint: setup
 
 typecheck: setup
 	$(BIN)/mypy engine
-	$(BIN)/mypy --strict engine/errors.py engine/types.py engine/validation.py engine/fsutil.py
+	# strict on the core, the gate, the stores, the server and the pure records they share
+	$(BIN)/mypy --strict engine/core engine/gate engine/store engine/server \
+	  engine/errors.py engine/types.py engine/validation.py engine/fsutil.py engine/lifecycle.py
 
 # The benchmark suite, quick mode: one JSON and one report in benchmarks/results/suite-<utc>/.
 # More flags: make bench BENCH_ARGS="--parts runtime,quality"; the full suite: memgate bench.

@@ -36,7 +36,7 @@ class CallFailed(Exception):
 
     @property
     def code(self) -> str:
-        return self.rule.code.name
+        return str(self.rule.code.name)
 
     @property
     def http(self) -> int:

@@ -79,7 +79,7 @@ def current_call() -> Call:
     return _CURRENT.get()
 
 
-class ServiceInterceptor(grpc.aio.ServerInterceptor):
+class ServiceInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc has no types
     """``lame_duck_s``: after a drain emptied the server, how long it goes on refusing new calls
     with UNAVAILABLE before :meth:`drain` returns and the listener closes (within the grace)."""
 

@@ -329,7 +329,7 @@ class MemgateServer:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(interceptors=[self._interceptor], options=options)
-        pb_grpc.add_MemgateServicer_to_server(service, server)
+        pb_grpc.add_MemgateServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if s.reflection:
             from engine.server.reflection import enable_reflection
@@ -497,7 +497,9 @@ class ServerThread:
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="memgate-server", daemon=True
         )
-        self._build = lambda: MemgateServer(gate, settings, tokens=tokens, metrics=metrics)
+        self._build: Callable[[], MemgateServer] = lambda: MemgateServer(
+            gate, settings, tokens=tokens, metrics=metrics
+        )
         self.server: MemgateServer | None = None
         self.port: int | None = None
 

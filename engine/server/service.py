@@ -74,7 +74,7 @@ def _deadline(context: Context) -> float | None:
     return asyncio.get_running_loop().time() + float(remaining)
 
 
-class MemgateService(pb_grpc.MemgateServicer):  # type: ignore[misc]
+class MemgateService(pb_grpc.MemgateServicer):
     def __init__(
         self,
         engine: Engine,
@@ -264,4 +264,5 @@ class MemgateService(pb_grpc.MemgateServicer):  # type: ignore[misc]
         ns, after, limit = convert.events_request_from_pb(request)
         current_call().authorize(ns)
         events, t = await self._engine.events(ns, after, limit)
-        return convert.events_to_pb(events, after, timings_to_pb(t))
+        response: pb.ListEventsResponse = convert.events_to_pb(events, after, timings_to_pb(t))
+        return response
