@@ -35,6 +35,8 @@ __all__ = [
     "POLICY_NAMES",
     "REVIEW",
     "REVIEW_UNCERTAIN",
+    "SEED",
+    "SEED_REVIEW",
     "STRICT",
     "Evidence",
     "Policy",
@@ -164,6 +166,18 @@ class Policy:
     queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
     likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
+    duplicates: bool = True
+    """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
+    (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
+    fact a duplicate (the seed's plain rule only replaces or adds)."""
+    dominance: bool = True
+    """Add a fact whose passing candidate is ``dominance_margin`` less similar than the best
+    non-conflicting one (the fact is about that memory). Off: no dominance test."""
+    model_bars: bool = True
+    """A named policy takes the served NLI model's thresholds (:mod:`engine.gate.thresholds`)
+    and the judge's bars. Off (the seed policies): the policy's own figures are served as
+    written, whatever the models, so ``seed`` is the published rule on every model."""
+
     def __post_init__(self) -> None:
         unit = (
             "attribute_similarity",
@@ -204,7 +218,7 @@ class Policy:
         """A copy with per-request overrides, each validated; unknown names are refused."""
         if not overrides:
             return self
-        known = {f.name for f in fields(self)} - {"name", "mode"}
+        known = {f.name for f in fields(self)} - {"name", "mode", "model_bars"}
         unknown = set(overrides) - known
         if unknown:
             raise InvalidInput(f"unknown policy override(s): {sorted(unknown)}")
@@ -219,7 +233,40 @@ REVIEW_UNCERTAIN = Policy(
 )
 """Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
 uncertain ones are queued. Over gRPC: ``PolicyName.REVIEW_UNCERTAIN``."""
-_POLICIES = {"strict": STRICT, "review": REVIEW, "review-uncertain": REVIEW_UNCERTAIN}
+SEED = Policy(
+    name="seed",
+    floor=0.60,
+    contradiction=0.95,
+    normalize=False,
+    verify_reverse=False,
+    lexical=False,
+    keys=False,
+    claims=False,
+    evidence=False,
+    judge=False,
+    duplicates=False,
+    dominance=False,
+    ambiguity_margin=0.0,
+    key_ambiguity_margin=0.0,
+    partial_values=0,
+    model_bars=False,
+)
+"""The seed's plain rule, exactly (issue 31, item 5): candidates at or above the floor 0.60,
+and the single most similar one whose contradiction exceeds 0.95 is replaced; everything else
+is added. None of memgate's mechanisms: no attribute keys, overlap, claims, subject/frame
+evidence, reverse check, normalisation, judge, duplicate, dominance or ambiguity test, and the
+bars are not the model table's. For users who want the article's behaviour, and the baseline
+every quality report puts beside strict. Over gRPC: ``PolicyName.SEED``."""
+SEED_REVIEW = replace(SEED, name="seed-review", mode="review", floor=0.45, review_scope="all")
+"""The seed's review variant: floor 0.45, every conflict the seed rule finds is queued, nothing
+replaced unattended. Over gRPC: ``PolicyName.SEED_REVIEW``."""
+_POLICIES = {
+    "strict": STRICT,
+    "review": REVIEW,
+    "review-uncertain": REVIEW_UNCERTAIN,
+    "seed": SEED,
+    "seed-review": SEED_REVIEW,
+}
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
@@ -339,7 +386,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("add", None, "no_candidate_above_floor")
 
     top = above[0]
-    if _is_duplicate(top, policy):
+    if policy.duplicates and _is_duplicate(top, policy):
         reasons[top.memory_id] = (False, "duplicate")
         return out("skip", top.memory_id, "duplicate")
     container = next((ev for ev in above if ev.contained and not ev.key_conflict), None)
@@ -366,6 +413,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             reasons[ev.memory_id] = (False, "low_contradiction")
         elif (
             not changed
+            and policy.verify_reverse
             and ev.reverse_contradiction is not None
             and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
         ):
@@ -408,7 +456,8 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             return out("review", best.memory_id, "attribute_rival")
     closest = next((ev for ev in above if not ev.key_conflict), None)
     if (
-        closest is not None
+        policy.dominance
+        and closest is not None
         and closest is not best
         and closest.similarity - best.similarity >= policy.dominance_margin
     ):
