@@ -19,6 +19,7 @@ the outside group: a mechanism stays only if removing it costs there.
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 import tempfile
 import time
@@ -146,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--extra", nargs="*", default=[], help="extra arms NAME=JSON overrides")
     parser.add_argument("--nli", default="aegis-nli", help="NLI artefact (default aegis-nli)")
+    parser.add_argument(
+        "--memo",
+        type=Path,
+        help="a pickle of the model scores (read when present, written at the end): a later "
+        "run over the same texts computes only the pairs it newly asks for",
+    )
     args = parser.parse_args(argv)
 
     import json
@@ -187,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         with open_engine(settings, db_path=Path(tmp) / "ablate.db") as eng:
             g0 = eng.gate
             nli, emb = MemoNLI(g0.nli), MemoEmbedder(g0.embedder)
+            if args.memo is not None and args.memo.exists():
+                with args.memo.open("rb") as f:
+                    saved = pickle.load(f)
+                if saved["models"] == [g0.nli.manifest.describe(), g0.embedder.manifest.describe()]:
+                    nli.memo, emb.memo = saved["nli"], saved["embedder"]
             gate = Gate(g0.store, g0.index, emb, nli, g0.settings, g0.judge)
             payload["judge"] = None if g0.judge is None else g0.judge.describe()
             n = 0
@@ -206,6 +218,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"{group}/{name}: {len(cases)} cases, {len(arms)} arms in "
                         f"{time.perf_counter() - t0:.0f} s (pairs scored so far {nli.scored})",
                         flush=True,
+                    )
+            if args.memo is not None:
+                with args.memo.open("wb") as f:
+                    pickle.dump(
+                        {
+                            "models": [g0.nli.manifest.describe(), g0.embedder.manifest.describe()],
+                            "nli": nli.memo,
+                            "embedder": emb.memo,
+                        },
+                        f,
                     )
     payload["seconds"] = round(time.perf_counter() - start, 1)
     payload["arms"] = arms
