@@ -38,6 +38,7 @@ __all__ = [
     "SEED",
     "SEED_REVIEW",
     "STRICT",
+    "UPDATE_SIGNALS",
     "Evidence",
     "Policy",
     "Verdict",
@@ -166,6 +167,19 @@ class Policy:
     queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
     likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
+    time_order: bool = False
+    """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
+    attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
+    is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
+    update (rule ``later_dated``): the bar is ``key_match_contradiction`` and neither the
+    reverse check nor the judge's veto holds it back. A target the fact is dated *before* is
+    never replaced: the fact is added to history (rule ``older_than_target``)."""
+    old_value: bool = False
+    """Explicit old -> new values ("changed from A to B", "no longer A, now B"): a candidate
+    that holds A (the value the normalised fact names as the old one, read verbatim or by its
+    content words and canonical values) is an update of that memory (rule ``old_value``),
+    unless the subjects are disjoint or apart: the bar is ``value_change_contradiction`` and
+    neither the reverse check nor the judge's veto holds it back."""
     duplicates: bool = True
     """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
     (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
@@ -324,6 +338,30 @@ class Evidence:
     """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
+    dated: str = ""
+    """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
+    the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
+    not both are dated, or not measured."""
+    old_value: bool = False
+    """The fact names the memory's value as its old one ("changed from A to B", memory holds
+    A)."""
+
+    def signal(self, policy: Policy) -> str:
+        """The positive update signal this candidate carries under ``policy``
+        (``later_dated``, ``old_value``), or empty. Never for another subject."""
+        if self.subject in ("disjoint", "apart") or self.key_conflict or self.mismatch:
+            return ""
+        if policy.old_value and self.old_value:
+            return "old_value"
+        if (
+            policy.time_order
+            and self.dated == "later"
+            and self.subject == "shared"
+            and self.attribute is not None
+            and self.attribute >= policy.attribute_similarity
+        ):
+            return "later_dated"
+        return ""
 
     def proven(self, policy: Policy) -> str:
         """Empty when the evidence shows the same attribute of the same subject, else why not.
@@ -332,7 +370,7 @@ class Evidence:
         and the frames must be alike."""
         if self.subject == "apart":
             return "subject_apart"
-        if self.key_match:
+        if self.key_match or self.signal(policy):
             return ""
         if self.beside:
             return "values_beside"
@@ -405,6 +443,11 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         changed = ev.value_change and ev.similarity >= policy.value_change_similarity
         if changed:
             bar = min(bar, policy.value_change_contradiction)
+        signal = ev.signal(policy)
+        if signal == "old_value":
+            bar = min(bar, policy.value_change_contradiction)
+        elif signal == "later_dated":
+            bar = min(bar, policy.key_match_contradiction)
         if ev.key_conflict:
             reasons[ev.memory_id] = (False, f"key_conflict:{ev.conflict_reason}")
         elif ev.mismatch:
@@ -413,6 +456,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             reasons[ev.memory_id] = (False, "low_contradiction")
         elif (
             not changed
+            and not signal
             and policy.verify_reverse
             and ev.reverse_contradiction is not None
             and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
@@ -421,12 +465,16 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             forward.append(ev)
         else:
             forward.append(ev)
-            reasons[ev.memory_id] = (True, "key_match" if ev.key_match else "contradiction")
+            why = signal or ("key_match" if ev.key_match else "contradiction")
+            reasons[ev.memory_id] = (True, why)
             passing.append(ev)
 
     if not passing:
         return out("add", None, "no_conflict")
     best = passing[0]
+    if policy.time_order and best.dated == "earlier":  # history arriving late: kept beside
+        reasons[best.memory_id] = (False, "older_than_target")
+        return out("add", None, "older_than_target")
     for rival in (ev for ev in forward if ev is not best):
         gap = abs(best.similarity - rival.similarity)
         margin = (
@@ -463,7 +511,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     ):
         reasons[best.memory_id] = (False, f"dominated_by:{closest.memory_id}")
         return out("add", None, "dominated")
-    rule = "key_match" if best.key_match else "contradiction"
+    rule = best.signal(policy) or ("key_match" if best.key_match else "contradiction")
     if best.partial:
         return out("review", best.memory_id, f"partial_contradiction:{rule}")
     unproven = best.proven(policy) if policy.evidence else ""
@@ -477,6 +525,10 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("add", None, "unproven")
     return out("replace", best.memory_id, rule)
 
+
+UPDATE_SIGNALS = frozenset({"later_dated", "old_value"})
+"""Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
+judge neither vetoes nor dequeues them."""
 
 _CONTACT_KINDS = frozenset({"email", "tel", "url"})
 """Value kinds a person or account often holds several of at once (two e-mail addresses, a

@@ -325,3 +325,72 @@ def test_seed_equals_the_published_rule_on_random_evidence() -> None:
         r = decide(evidence, SEED_REVIEW)
         assert (r.action, r.target_id) == (("review", queued) if queued else ("add", None))
     assert 300 < replaced < 1700  # both branches exercised
+
+
+# -- general update signals (issue 31, item 4) ----------------------------------------------------
+SIGNALS = Policy(time_order=True, old_value=True)
+
+
+def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_check() -> None:
+    dated = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later")
+    assert decide([dated], STRICT).rule == "no_conflict"  # one way only: added today
+    v = decide([dated], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("replace", "a", "later_dated")
+    assert v.candidates[0].reason == "later_dated"
+    # the bar is the matching attribute's (0.80), not lower
+    assert decide([ev("a", 0.9, 0.85, subject="shared", dated="later")], SIGNALS).action == (
+        "replace"
+    )
+    assert decide([ev("a", 0.9, 0.75, subject="shared", dated="later")], SIGNALS).action == "add"
+
+
+def test_a_dated_fact_about_another_subject_is_never_its_target() -> None:
+    for subject in ("disjoint", "apart", "unknown"):
+        lookalike = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject=subject, dated="later")
+        assert decide([lookalike], SIGNALS).action == "add", subject
+    other_frame = ev(
+        "a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later", attribute=0.05
+    )
+    assert decide([other_frame], SIGNALS).action == "add"
+
+
+def test_an_earlier_dated_fact_arriving_late_is_added_to_history() -> None:
+    older = ev("a", 0.9, 0.99, reverse_contradiction=0.99, subject="shared", dated="earlier")
+    assert decide([older], STRICT).action == "replace"
+    v = decide([older], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("add", None, "older_than_target")
+    assert v.candidates[0].reason == "older_than_target"
+    assert decide([older], replace_review(SIGNALS)).action == "add"
+
+
+def replace_review(pol: Policy) -> Policy:
+    from dataclasses import replace
+
+    return replace(pol, name="review", mode="review", floor=0.45)
+
+
+def test_a_change_that_names_the_memory_s_value_as_old_is_an_update() -> None:
+    named = ev("a", 0.7, 0.6, reverse_contradiction=0.1, old_value=True, attribute=None)
+    assert decide([named], STRICT).action == "add"
+    v = decide([named], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("replace", "a", "old_value")
+    assert decide([ev("a", 0.7, 0.4, old_value=True)], SIGNALS).action == "add"  # bar 0.50
+    for subject in ("disjoint", "apart"):  # the same old value, said of another subject
+        other = ev("a", 0.7, 0.99, old_value=True, subject=subject)
+        assert decide([other], SIGNALS).action == "add", subject
+
+
+def test_the_judge_neither_vetoes_nor_dequeues_a_signalled_update() -> None:
+    from engine.gate.judge import amended
+
+    strict = Policy(time_order=True, old_value=True, judge_veto=0.5)
+    review = replace_review(Policy(old_value=True, judge_dequeue=0.5))
+    for pol, ev_ in (
+        (strict, ev("a", 0.7, 0.9, old_value=True)),
+        (review, ev("a", 0.7, 0.9, old_value=True)),
+    ):
+        v = decide([ev_], pol)
+        assert v.rule == "old_value"
+        assert amended(v, {}, pol, {"a": 0.01}).action == v.action
+    plain = decide([ev("a", 0.7, 0.99)], strict)
+    assert amended(plain, {}, strict, {"a": 0.01}).rule == "judged_not_update"
