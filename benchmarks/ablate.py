@@ -3,8 +3,10 @@
 Groups: our own labelled sets (written by our helpers from one README) and the outside sets
 (converted from public datasets by their own labels, issue 31). For every arm, strict and review
 run over the same staged cases; the models' scores are computed once per distinct text or pair
-(a memo in front of the embedder and the NLI model), so an arm costs only the gate's own logic
-and the pairs it newly asks for (turning normalisation off asks about the raw event text).
+(``engine.calibrate``'s memos in front of the embedder and the NLI model, the ones
+``memgate calibrate`` sweeps with; ``--memo`` keeps them between runs), so an arm costs only
+the gate's own logic and the pairs it newly asks for (turning normalisation off asks about the
+raw event text).
 
 Per group and arm: strict ``net = correct - 3 x wrongful overwrites``, wrongful overwrites and
 update recall; review's share of true updates queued with the right target and of adds and
@@ -23,7 +25,6 @@ import pickle
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,48 +60,6 @@ it adds where only identify's evidence would have let a replacement through: tha
 parse is worth. ``overlap`` is the ``lexical`` switch (containment, claim counting, and the
 parsed claims' comparisons, which it gates)."""
 POLICIES = ("strict", "review")
-
-
-class MemoNLI:
-    """The NLI model behind a memo: each distinct (premise, hypothesis) is scored once."""
-
-    def __init__(self, nli: Any) -> None:
-        self.inner = nli
-        self.contradiction_index = nli.contradiction_index
-        self.entailment_index = nli.entailment_index
-        self.manifest = getattr(nli, "manifest", None)  # the policy's model thresholds
-        self.memo: dict[tuple[str, str], np.ndarray] = {}
-        self.scored = 0
-
-    def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
-        todo = list(dict.fromkeys(p for p in pairs if p not in self.memo))
-        if todo:
-            for pair, row in zip(todo, self.inner.score(todo), strict=True):
-                self.memo[pair] = np.asarray(row)
-            self.scored += len(todo)
-        width = len(next(iter(self.memo.values()))) if self.memo else 2
-        if not pairs:
-            return np.zeros((0, width), dtype=np.float32)
-        return np.stack([self.memo[p] for p in pairs]).astype(np.float32)
-
-
-class MemoEmbedder:
-    """The embedder behind a memo: each distinct text is embedded once."""
-
-    def __init__(self, embedder: Any) -> None:
-        self.inner = embedder
-        self.dim = embedder.dim
-        self.manifest = getattr(embedder, "manifest", None)
-        self.memo: dict[str, np.ndarray] = {}
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        todo = list(dict.fromkeys(t for t in texts if t not in self.memo))
-        if todo:
-            for text, vec in zip(todo, self.inner.embed(todo), strict=True):
-                self.memo[text] = np.asarray(vec)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self.memo[t] for t in texts]).astype(np.float32)
 
 
 def measures(
@@ -158,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from engine.app import EngineSettings, open_engine
+    from engine.calibrate import MemoEmbedder, MemoNLI
     from engine.evaluate import decide_cases, load_cases, stage
     from engine.gate.gate import Gate
     from engine.runtime.loader import ModelChoice
@@ -198,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 with args.memo.open("rb") as f:
                     saved = pickle.load(f)
                 if saved["models"] == [g0.nli.manifest.describe(), g0.embedder.manifest.describe()]:
-                    nli.memo, emb.memo = saved["nli"], saved["embedder"]
+                    nli._rows, emb._rows = saved["nli"], saved["embedder"]
             gate = Gate(g0.store, g0.index, emb, nli, g0.settings, g0.judge)
             payload["judge"] = None if g0.judge is None else g0.judge.describe()
             n = 0
@@ -216,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                             ]
                     print(
                         f"{group}/{name}: {len(cases)} cases, {len(arms)} arms in "
-                        f"{time.perf_counter() - t0:.0f} s (pairs scored so far {nli.scored})",
+                        f"{time.perf_counter() - t0:.0f} s (pairs scored so far {nli.computed})",
                         flush=True,
                     )
             if args.memo is not None:
@@ -224,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                     pickle.dump(
                         {
                             "models": [g0.nli.manifest.describe(), g0.embedder.manifest.describe()],
-                            "nli": nli.memo,
-                            "embedder": emb.memo,
+                            "nli": nli._rows,
+                            "embedder": emb._rows,
                         },
                         f,
                     )
