@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if "outside" in figures:
         on = figures["outside"]["on"]
         for arm in arms:
-            if arm != "on":
+            if arm != "on" and arm in ARMS:  # an --extra arm adds a signal: not a retirement
                 stays, why = retire(on, figures["outside"][arm])
                 verdicts[arm] = {"stays": stays, "why": why}
     payload["retirement"] = verdicts
