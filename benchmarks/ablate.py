@@ -70,7 +70,19 @@ def measures(
     m = score(cases, strict)
     correct = round(m["accuracy"] * m["cases"])
     r = review_measures(cases, review)
+    by: dict[str, dict[str, int]] = {}
+    for case, pred in zip(cases, strict, strict=True):
+        exp = case["expected"]
+        row = by.setdefault(case["category"], {"cases": 0, "right": 0, "wrongful": 0})
+        row["cases"] += 1
+        row["right"] += pred["action"] == exp["action"] and (
+            exp["action"] == "add" or pred["target"] == exp["target"]
+        )
+        row["wrongful"] += pred["action"] == "replace" and not (
+            exp["action"] == "replace" and pred["target"] == exp["target"]
+        )
     return {
+        "by_category": by,
         "cases": m["cases"],
         "correct": correct,
         "wrongful_overwrites": m["wrongful_overwrites"],
@@ -243,6 +255,25 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 rows,
                 title=f"ablation, {group} ({', '.join(payload['sets'][group])})",
+            )
+        )
+    for group, per_arm in figures.items():
+        cats = sorted(per_arm["on"]["by_category"])
+        print(
+            table(
+                ["arm", *(f"{c} right/WO" for c in cats)],
+                [
+                    [
+                        arm,
+                        *(
+                            f"{m['by_category'][c]['right']}/{m['by_category'][c]['wrongful']}"
+                            f" of {m['by_category'][c]['cases']}"
+                            for c in cats
+                        ),
+                    ]
+                    for arm, m in per_arm.items()
+                ],
+                title=f"strict per category, {group}",
             )
         )
     for arm, v in verdicts.items():
