@@ -160,6 +160,14 @@ def main() -> int:
         help="outside sets (public data, labelled by the datasets' own annotations): run "
         "besides --cases and --sets, and summed as their own group",
     )
+    parser.add_argument(
+        "--memo",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="pickles of model scores written by benchmarks/ablate.py --memo (read only): "
+        "pairs and texts found there are not scored again",
+    )
     parser.add_argument("--scorer", type=Path, help="shared score.py to cross-check against")
     parser.add_argument(
         "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
@@ -260,7 +268,10 @@ def main() -> int:
             )
             store = SQLiteStore(Path(tmp) / f"q-{len(results)}.db")
             gate = Gate(
-                store, IndexManager(store.iter_active_embeddings), embedder, nli, judge=judge
+                store,
+                IndexManager(store.iter_active_embeddings),
+                *_memoised(embedder, nli, args.memo),
+                judge=judge,
             )
             staged = {n: stage(gate, data[n], prefix=f"set{i}") for i, (n, _) in enumerate(sets)}
             for config in args.configs:
@@ -458,6 +469,25 @@ def main() -> int:
         _plot(plt, by, names, cv_of, first, png)
         print(f"plot: {png}")
     return 0
+
+
+def _memoised(embedder: Any, nli: Any, memos: list[Path]) -> tuple[Any, Any]:
+    """The models behind ``engine.calibrate``'s memos: every configuration scores a pair (and
+    embeds a text) once; pickles from ``benchmarks/ablate.py --memo`` for these models seed
+    them."""
+    import pickle
+
+    from engine.calibrate import MemoEmbedder, MemoNLI
+
+    emb, model = MemoEmbedder(embedder), MemoNLI(nli)
+    names = [nli.manifest.describe(), embedder.manifest.describe()]
+    for path in memos:
+        with path.open("rb") as f:
+            saved = pickle.load(f)
+        if saved["models"] == names:
+            model._rows.update(saved["nli"])
+            emb._rows.update(saved["embedder"])
+    return emb, model
 
 
 def _group_table(
