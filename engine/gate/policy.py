@@ -167,19 +167,23 @@ class Policy:
     queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
     likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
-    time_order: bool = False
+    time_order: bool = True
     """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
     attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
     is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
     update (rule ``later_dated``): the bar is ``key_match_contradiction`` and neither the
     reverse check nor the judge's veto holds it back. A target the fact is dated *before* is
-    never replaced: the fact is added to history (rule ``older_than_target``)."""
+    never replaced: the fact is added to history (rule ``older_than_target``). On by the
+    pre-registered adoption rule (docs/experiments/2026-12-05-gate-v3.md): on the 1,100 outside
+    cases strict WO 121 -> 56 and net 142 -> 503; on our 5,831, WO 90 -> 91."""
     old_value: bool = False
     """Explicit old -> new values ("changed from A to B", "no longer A, now B"): a candidate
     that holds A (the value the normalised fact names as the old one, read verbatim or by its
     content words and canonical values) is an update of that memory (rule ``old_value``),
     unless the subjects are disjoint or apart: the bar is ``value_change_contradiction`` and
-    neither the reverse check nor the judge's veto holds it back."""
+    neither the reverse check nor the judge's veto holds it back. Off: the adoption rule
+    (docs/experiments/2026-12-05-gate-v3.md) did not adopt it, the outside sets having no such
+    change (net +0 there; +22 on ours, which alone adopts nothing)."""
     duplicates: bool = True
     """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
     (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
@@ -258,6 +262,8 @@ SEED = Policy(
     claims=False,
     evidence=False,
     judge=False,
+    time_order=False,
+    old_value=False,
     duplicates=False,
     dominance=False,
     ambiguity_margin=0.0,

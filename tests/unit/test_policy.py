@@ -237,6 +237,8 @@ def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
             "duplicates",
             "dominance",
             "model_bars",
+            "time_order",
+            "old_value",
         )
         assert not any(getattr(pol, name) for name in switches), pol.name
         assert pol.ambiguity_margin == pol.key_ambiguity_margin == 0.0
@@ -329,11 +331,19 @@ def test_seed_equals_the_published_rule_on_random_evidence() -> None:
 
 # -- general update signals (issue 31, item 4) ----------------------------------------------------
 SIGNALS = Policy(time_order=True, old_value=True)
+NO_SIGNALS = Policy(time_order=False, old_value=False)
+
+
+def test_time_order_is_on_in_the_named_policies_and_old_value_off() -> None:
+    """As the pre-registered adoption rule decided (docs/experiments/2026-12-05-gate-v3.md)."""
+    for name in ("strict", "review", "review-uncertain"):
+        pol = policy_by_name(name)
+        assert pol.time_order and not pol.old_value, name
 
 
 def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_check() -> None:
     dated = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later")
-    assert decide([dated], STRICT).rule == "no_conflict"  # one way only: added today
+    assert decide([dated], NO_SIGNALS).rule == "no_conflict"  # one way only: added without it
     v = decide([dated], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("replace", "a", "later_dated")
     assert v.candidates[0].reason == "later_dated"
@@ -356,7 +366,7 @@ def test_a_dated_fact_about_another_subject_is_never_its_target() -> None:
 
 def test_an_earlier_dated_fact_arriving_late_is_added_to_history() -> None:
     older = ev("a", 0.9, 0.99, reverse_contradiction=0.99, subject="shared", dated="earlier")
-    assert decide([older], STRICT).action == "replace"
+    assert decide([older], NO_SIGNALS).action == "replace"
     v = decide([older], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("add", None, "older_than_target")
     assert v.candidates[0].reason == "older_than_target"
