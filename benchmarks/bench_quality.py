@@ -63,6 +63,7 @@ SEED = {
     "key_ambiguity_margin": 0.0,
 }
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "seed": ("seed", {}),
     "strict": ("strict", {}),
     "strict -judge": ("strict", {"judge": False}),
     "strict -normalize": ("strict", {"normalize": False}),
@@ -74,7 +75,14 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "review -judge": ("review", {"judge": False}),
     "review scope=all": ("review", {"review_scope": "all"}),
     "review seed rules": ("review", {**SEED, "review_scope": "all"}),
+    "seed-review": ("seed-review", {}),
 }
+"""``seed`` / ``seed-review`` are the named policies of the seed's plain rule (every mechanism
+off, :data:`engine.gate.policy.SEED`); the older ``... seed rules`` rows switch off only some
+of them (keys, normalisation, lexical rules, duplicates by similarity, dominance, ambiguity)."""
+GROUP_CONFIGS = ("seed", "strict", "seed-review", "review")
+"""The side-by-side table per set group (issue 31, item 6): the seed's rule beside strict, and
+its review variant beside review."""
 
 
 def load_scorer(path: Path) -> Any:
@@ -144,6 +152,22 @@ def main() -> int:
         default=list(HELDOUT_SETS),
         help="more labelled sets: heldout, heldout-2, heldout-3 or paths (none: first set only)",
     )
+    parser.add_argument(
+        "--outside",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="outside sets (public data, labelled by the datasets' own annotations): run "
+        "besides --cases and --sets, and summed as their own group",
+    )
+    parser.add_argument(
+        "--memo",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="pickles of model scores written by benchmarks/ablate.py --memo (read only): "
+        "pairs and texts found there are not scored again",
+    )
     parser.add_argument("--scorer", type=Path, help="shared score.py to cross-check against")
     parser.add_argument(
         "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
@@ -183,6 +207,8 @@ def main() -> int:
 
     shared = load_scorer(args.scorer) if args.scorer else None
     sets, skipped = _sets(args)
+    outside = {path.stem for path in args.outside}
+    sets += [(path.stem, path) for path in args.outside]
     data: dict[str, list[dict[str, Any]]] = {}
     for name, path in sets:
         cases = load_cases(path)
@@ -202,6 +228,7 @@ def main() -> int:
     }
     payload["skipped"] = skipped
     results: list[dict[str, Any]] = []
+    preds_of: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     fitted: list[dict[str, Any]] = []
     first = sets[0][0]
 
@@ -209,6 +236,7 @@ def main() -> int:
         config: str, set_name: str, policy: str, overrides: dict[str, Any], preds: list[Any]
     ) -> dict[str, Any]:
         cases = data[set_name]
+        preds_of[(config, model, set_name)] = list(preds)
         m = score(cases, preds)
         if shared is not None:
             theirs = shared.score(cases, preds)
@@ -242,7 +270,10 @@ def main() -> int:
             )
             store = SQLiteStore(Path(tmp) / f"q-{len(results)}.db")
             gate = Gate(
-                store, IndexManager(store.iter_active_embeddings), embedder, nli, judge=judge
+                store,
+                IndexManager(store.iter_active_embeddings),
+                *_memoised(embedder, nli, args.memo),
+                judge=judge,
             )
             staged = {n: stage(gate, data[n], prefix=f"set{i}") for i, (n, _) in enumerate(sets)}
             for config in args.configs:
@@ -420,6 +451,8 @@ def main() -> int:
                 title="review policy measures (issue 12, item 5)",
             )
         )
+    groups = _group_table(data, preds_of, outside)
+    payload["groups"] = groups
     for f in fitted:
         print(
             f"\n{f['policy']} fitted on {f['fitted_on']}: {f['setting']}; in sample "
@@ -438,6 +471,103 @@ def main() -> int:
         _plot(plt, by, names, cv_of, first, png)
         print(f"plot: {png}")
     return 0
+
+
+def _memoised(embedder: Any, nli: Any, memos: list[Path]) -> tuple[Any, Any]:
+    """The models behind ``engine.tuning.calibrate``'s memos: every configuration scores a pair (and
+    embeds a text) once; pickles from ``benchmarks/ablate.py --memo`` for these models seed
+    them."""
+    import pickle
+
+    from engine.tuning.calibrate import MemoEmbedder, MemoNLI
+
+    emb, model = MemoEmbedder(embedder), MemoNLI(nli)
+    names = [nli.manifest.describe(), embedder.manifest.describe()]
+    for path in memos:
+        with path.open("rb") as f:
+            saved = pickle.load(f)
+        if saved["models"] == names:
+            model._rows.update(saved["nli"])
+            emb._rows.update(saved["embedder"])
+    return emb, model
+
+
+def _group_table(
+    data: dict[str, list[dict[str, Any]]],
+    preds_of: dict[tuple[str, str, str], list[dict[str, Any]]],
+    outside: set[str],
+) -> list[dict[str, Any]]:
+    """Per set group (ours / outside), :data:`GROUP_CONFIGS` side by side over the group's
+    cases pooled: printed, and returned for the JSON."""
+    from engine.tuning.scoring import review_measures, score
+
+    out = []
+    for (config, model, _), _preds in preds_of.items():
+        if config not in GROUP_CONFIGS:
+            continue
+        if any(r["config"] == config and r["nli"] == model for r in out):
+            continue
+        for group in ("ours", "outside"):
+            names = [n for (c, m, n) in preds_of if c == config and m == model]
+            names = [n for n in names if (n in outside) == (group == "outside")]
+            if not names:
+                continue
+            cases = [c for n in names for c in data[n]]
+            preds = [p for n in names for p in preds_of[(config, model, n)]]
+            m, r = score(cases, preds), review_measures(cases, preds)
+            correct = round(m["accuracy"] * m["cases"])
+            out.append(
+                {
+                    "group": group,
+                    "sets": names,
+                    "config": config,
+                    "nli": model,
+                    "cases": m["cases"],
+                    "wrongful_overwrites": m["wrongful_overwrites"],
+                    "update_recall": m["update_recall"],
+                    "accuracy": m["accuracy"],
+                    "net": correct - 3 * m["wrongful_overwrites"],
+                    "updates_queued_right_target": r["updates_queued_right_target"],
+                    "adds_skips_queued": r["adds_skips_queued"],
+                }
+            )
+    out.sort(key=lambda g: (g["group"] != "ours", g["nli"], GROUP_CONFIGS.index(g["config"])))
+    rows = [
+        [
+            g["group"],
+            g["config"],
+            g["nli"].split(" ")[0],
+            g["cases"],
+            f"{g['wrongful_overwrites']} ({g['wrongful_overwrites'] / g['cases']:.1%})",
+            _fmt(g["update_recall"]),
+            _fmt(g["accuracy"]),
+            g["net"],
+            _fmt(g["updates_queued_right_target"]),
+            _fmt(g["adds_skips_queued"]),
+        ]
+        for g in out
+    ]
+    if rows:
+        print()
+        print(
+            table(
+                [
+                    "group",
+                    "policy",
+                    "nli",
+                    "cases",
+                    "wrongful overwrites",
+                    "update recall",
+                    "accuracy",
+                    "net (correct - 3 WO)",
+                    "review: updates queued right",
+                    "adds+skips queued",
+                ],
+                rows,
+                title="per set group: the seed's rule beside strict, its review beside review",
+            )
+        )
+    return out
 
 
 def _plot(

@@ -95,7 +95,8 @@ class GatedLLMSettings:
 
     policy: str = "strict"
     """The gate policy: ``strict`` (invalidate the one fact the gate would replace) or
-    ``review`` (invalidate none; report them as ``review``)."""
+    ``review`` (invalidate none; report them as ``review``), or any other of
+    :data:`engine.gate.policy.POLICY_NAMES` (``seed``: the seed's plain rule)."""
     overrides: tuple[tuple[str, Any], ...] = ()
     """Policy settings overridden for every check, e.g. ``(("contradiction", 0.9),)``."""
     keep_decisions: int = 1000

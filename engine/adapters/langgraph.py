@@ -81,7 +81,8 @@ class GateStoreSettings:
     """How a :class:`GatedStore` turns puts into facts. Every field is checked."""
 
     policy: str = "strict"
-    """The gate policy: ``strict`` (replace or refuse) or ``review`` (queue conflicts)."""
+    """The gate policy: ``strict`` (replace or refuse), ``review`` (queue conflicts), or any
+    other of :data:`engine.gate.policy.POLICY_NAMES` (``seed``: the seed's plain rule)."""
     overrides: tuple[tuple[str, Any], ...] = ()
     """Policy settings overridden for every put, e.g. ``(("review_scope", "all"),)``."""
     text_fields: tuple[str, ...] = ("content", "text")

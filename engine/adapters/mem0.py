@@ -61,7 +61,8 @@ class GatedMemorySettings:
     """How a :class:`GatedMemory` gates. Every field is checked."""
 
     policy: str = "strict"
-    """The gate policy: ``strict`` (replace or refuse) or ``review`` (queue conflicts)."""
+    """The gate policy: ``strict`` (replace or refuse), ``review`` (queue conflicts), or any
+    other of :data:`engine.gate.policy.POLICY_NAMES` (``seed``: the seed's plain rule)."""
     overrides: tuple[tuple[str, Any], ...] = ()
     """Policy settings overridden for every fact, e.g. ``(("review_scope", "all"),)``."""
     namespace_prefix: str = "mem0"

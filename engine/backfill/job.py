@@ -70,7 +70,8 @@ class BackfillSettings:
     """How a job reads and decides. Every field is range-checked."""
 
     policy: str = "strict"
-    """A policy name (``engine.gate.policy.POLICY_NAMES``: strict, review, review-uncertain)."""
+    """A policy name (``engine.gate.policy.POLICY_NAMES``: strict, review, review-uncertain,
+    seed, seed-review)."""
     dry_run: bool = False
     """Decide only: nothing is stored, no checkpoint is kept (each batch is decided against the
     store as it was, not against earlier batches of the file)."""

@@ -4,7 +4,7 @@
 
     memgate backfill --input facts.jsonl[.gz] | rows.csv | rows.parquet
                      [--map namespace=ns_col,text=body,kind=k,key=attr,metadata=meta,id=row_id]
-                     [--namespace NS] [--policy strict|review|review-uncertain]
+                     [--namespace NS] [--policy strict|review|review-uncertain|seed|seed-review]
                      [--dry-run] [--batch 256]
                      [--on-error skip|fail] [--audit FILE] [--checkpoint FILE]
                      [--target host:port [--token T] [--tls | --tls-ca PEM]]

@@ -417,7 +417,10 @@ def policy_for(
     the bars of their judge; a :class:`Policy` object is taken as it is."""
     if not isinstance(policy, str):
         return policy
-    pol = for_model(policy_by_name(policy), _model_name(nli))
+    named = policy_by_name(policy)
+    if not named.model_bars:  # the seed policies: the published figures, on every model
+        return named
+    pol = for_model(named, _model_name(nli))
     pol = for_embedder(pol, _model_name(embedder))
     return pol if judge is None else judge.policy(pol)
 

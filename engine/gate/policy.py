@@ -35,7 +35,10 @@ __all__ = [
     "POLICY_NAMES",
     "REVIEW",
     "REVIEW_UNCERTAIN",
+    "SEED",
+    "SEED_REVIEW",
     "STRICT",
+    "UPDATE_SIGNALS",
     "Evidence",
     "Policy",
     "Verdict",
@@ -164,6 +167,34 @@ class Policy:
     queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
     likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
 
+    time_order: bool = True
+    """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
+    attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
+    is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
+    update (rule ``later_dated``): the bar is ``key_match_contradiction`` and neither the
+    reverse check nor the judge's veto holds it back. A target the fact is dated *before* is
+    never replaced: the fact is added to history (rule ``older_than_target``). On by the
+    pre-registered adoption rule (docs/experiments/2026-12-05-gate-v3.md): on the 1,100 outside
+    cases strict WO 121 -> 56 and net 142 -> 503; on our 5,831, WO 90 -> 91."""
+    old_value: bool = False
+    """Explicit old -> new values ("changed from A to B", "no longer A, now B"): a candidate
+    that holds A (the value the normalised fact names as the old one, read verbatim or by its
+    content words and canonical values) is an update of that memory (rule ``old_value``),
+    unless the subjects are disjoint or apart: the bar is ``value_change_contradiction`` and
+    neither the reverse check nor the judge's veto holds it back. Off: the adoption rule
+    (docs/experiments/2026-12-05-gate-v3.md) did not adopt it, the outside sets having no such
+    change (net +0 there; +22 on ours, which alone adopts nothing)."""
+    duplicates: bool = True
+    """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
+    (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
+    fact a duplicate (the seed's plain rule only replaces or adds)."""
+    dominance: bool = True
+    """Add a fact whose passing candidate is ``dominance_margin`` less similar than the best
+    non-conflicting one (the fact is about that memory). Off: no dominance test."""
+    model_bars: bool = True
+    """A named policy takes the served NLI model's thresholds (:mod:`engine.gate.thresholds`)
+    and the judge's bars. Off (the seed policies): the policy's own figures are served as
+    written, whatever the models, so ``seed`` is the published rule on every model."""
     episodic_ttl_s: float | None = None
     """Default time to live of an episodic memory, in seconds (None: it never expires). A
     fact's own ``expires_at`` / ``ttl_s`` wins. Expired memories are never recalled nor
@@ -224,7 +255,7 @@ class Policy:
         """A copy with per-request overrides, each validated; unknown names are refused."""
         if not overrides:
             return self
-        known = {f.name for f in fields(self)} - {"name", "mode"}
+        known = {f.name for f in fields(self)} - {"name", "mode", "model_bars"}
         unknown = set(overrides) - known
         if unknown:
             raise InvalidInput(f"unknown policy override(s): {sorted(unknown)}")
@@ -239,7 +270,42 @@ REVIEW_UNCERTAIN = Policy(
 )
 """Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
 uncertain ones are queued. Over gRPC: ``PolicyName.REVIEW_UNCERTAIN``."""
-_POLICIES = {"strict": STRICT, "review": REVIEW, "review-uncertain": REVIEW_UNCERTAIN}
+SEED = Policy(
+    name="seed",
+    floor=0.60,
+    contradiction=0.95,
+    normalize=False,
+    verify_reverse=False,
+    lexical=False,
+    keys=False,
+    claims=False,
+    evidence=False,
+    judge=False,
+    time_order=False,
+    old_value=False,
+    duplicates=False,
+    dominance=False,
+    ambiguity_margin=0.0,
+    key_ambiguity_margin=0.0,
+    partial_values=0,
+    model_bars=False,
+)
+"""The seed's plain rule, exactly (issue 31, item 5): candidates at or above the floor 0.60,
+and the single most similar one whose contradiction exceeds 0.95 is replaced; everything else
+is added. None of memgate's mechanisms: no attribute keys, overlap, claims, subject/frame
+evidence, reverse check, normalisation, judge, duplicate, dominance or ambiguity test, and the
+bars are not the model table's. For users who want the article's behaviour, and the baseline
+every quality report puts beside strict. Over gRPC: ``PolicyName.SEED``."""
+SEED_REVIEW = replace(SEED, name="seed-review", mode="review", floor=0.45, review_scope="all")
+"""The seed's review variant: floor 0.45, every conflict the seed rule finds is queued, nothing
+replaced unattended. Over gRPC: ``PolicyName.SEED_REVIEW``."""
+_POLICIES = {
+    "strict": STRICT,
+    "review": REVIEW,
+    "review-uncertain": REVIEW_UNCERTAIN,
+    "seed": SEED,
+    "seed-review": SEED_REVIEW,
+}
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
@@ -297,6 +363,30 @@ class Evidence:
     """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
+    dated: str = ""
+    """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
+    the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
+    not both are dated, or not measured."""
+    old_value: bool = False
+    """The fact names the memory's value as its old one ("changed from A to B", memory holds
+    A)."""
+
+    def signal(self, policy: Policy) -> str:
+        """The positive update signal this candidate carries under ``policy``
+        (``later_dated``, ``old_value``), or empty. Never for another subject."""
+        if self.subject in ("disjoint", "apart") or self.key_conflict or self.mismatch:
+            return ""
+        if policy.old_value and self.old_value:
+            return "old_value"
+        if (
+            policy.time_order
+            and self.dated == "later"
+            and self.subject == "shared"
+            and self.attribute is not None
+            and self.attribute >= policy.attribute_similarity
+        ):
+            return "later_dated"
+        return ""
 
     def proven(self, policy: Policy) -> str:
         """Empty when the evidence shows the same attribute of the same subject, else why not.
@@ -305,7 +395,7 @@ class Evidence:
         and the frames must be alike."""
         if self.subject == "apart":
             return "subject_apart"
-        if self.key_match:
+        if self.key_match or self.signal(policy):
             return ""
         if self.beside:
             return "values_beside"
@@ -359,7 +449,7 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("add", None, "no_candidate_above_floor")
 
     top = above[0]
-    if _is_duplicate(top, policy):
+    if policy.duplicates and _is_duplicate(top, policy):
         reasons[top.memory_id] = (False, "duplicate")
         return out("skip", top.memory_id, "duplicate")
     container = next((ev for ev in above if ev.contained and not ev.key_conflict), None)
@@ -378,6 +468,11 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         changed = ev.value_change and ev.similarity >= policy.value_change_similarity
         if changed:
             bar = min(bar, policy.value_change_contradiction)
+        signal = ev.signal(policy)
+        if signal == "old_value":
+            bar = min(bar, policy.value_change_contradiction)
+        elif signal == "later_dated":
+            bar = min(bar, policy.key_match_contradiction)
         if ev.key_conflict:
             reasons[ev.memory_id] = (False, f"key_conflict:{ev.conflict_reason}")
         elif ev.mismatch:
@@ -386,6 +481,8 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             reasons[ev.memory_id] = (False, "low_contradiction")
         elif (
             not changed
+            and not signal
+            and policy.verify_reverse
             and ev.reverse_contradiction is not None
             and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
         ):
@@ -393,12 +490,16 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             forward.append(ev)
         else:
             forward.append(ev)
-            reasons[ev.memory_id] = (True, "key_match" if ev.key_match else "contradiction")
+            why = signal or ("key_match" if ev.key_match else "contradiction")
+            reasons[ev.memory_id] = (True, why)
             passing.append(ev)
 
     if not passing:
         return out("add", None, "no_conflict")
     best = passing[0]
+    if policy.time_order and best.dated == "earlier":  # history arriving late: kept beside
+        reasons[best.memory_id] = (False, "older_than_target")
+        return out("add", None, "older_than_target")
     for rival in (ev for ev in forward if ev is not best):
         gap = abs(best.similarity - rival.similarity)
         margin = (
@@ -428,13 +529,14 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             return out("review", best.memory_id, "attribute_rival")
     closest = next((ev for ev in above if not ev.key_conflict), None)
     if (
-        closest is not None
+        policy.dominance
+        and closest is not None
         and closest is not best
         and closest.similarity - best.similarity >= policy.dominance_margin
     ):
         reasons[best.memory_id] = (False, f"dominated_by:{closest.memory_id}")
         return out("add", None, "dominated")
-    rule = "key_match" if best.key_match else "contradiction"
+    rule = best.signal(policy) or ("key_match" if best.key_match else "contradiction")
     if best.partial:
         return out("review", best.memory_id, f"partial_contradiction:{rule}")
     unproven = best.proven(policy) if policy.evidence else ""
@@ -448,6 +550,10 @@ def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("add", None, "unproven")
     return out("replace", best.memory_id, rule)
 
+
+UPDATE_SIGNALS = frozenset({"later_dated", "old_value"})
+"""Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
+judge neither vetoes nor dequeues them."""
 
 _CONTACT_KINDS = frozenset({"email", "tel", "url"})
 """Value kinds a person or account often holds several of at once (two e-mail addresses, a

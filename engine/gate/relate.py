@@ -35,8 +35,11 @@ def relate(probes: Sequence[Probe], policy: Policy, *, has_entailment: bool) -> 
             if hit.similarity < policy.floor and not (rel is not None and rel.key_match):
                 continue
             hit.forward = True
-            hit.reverse = (
-                hit.rank == 0 and hit.similarity >= policy.duplicate_similarity and has_entailment
+            hit.reverse = (  # for the duplicate test only: both ways must entail
+                policy.duplicates
+                and hit.rank == 0
+                and hit.similarity >= policy.duplicate_similarity
+                and has_entailment
             )
 
 

@@ -69,6 +69,8 @@ POLICY_TO_PB: dict[str, Any] = {
     "strict": pb.STRICT,
     "review": pb.REVIEW_POLICY,
     "review-uncertain": pb.REVIEW_UNCERTAIN,
+    "seed": pb.SEED,
+    "seed-review": pb.SEED_REVIEW,
 }
 PB_TO_POLICY: dict[int, str] = {v: k for k, v in POLICY_TO_PB.items()} | {
     pb.POLICY_UNSPECIFIED: "strict"

@@ -811,6 +811,32 @@ def test_review_uncertain_travels_over_grpc(
     assert record["policy"] == "review-uncertain"
 
 
+def test_the_seed_policies_travel_over_grpc(h: Harness) -> None:
+    """``SEED`` (4) and ``SEED_REVIEW`` (5), appended to ``PolicyName``: the server decides with
+    the seed's plain rule, as the gate does in process, from the client and a raw stub."""
+    from engine.server import convert
+
+    assert (pb.SEED, pb.SEED_REVIEW) == (4, 5)
+    assert convert.PB_TO_POLICY[pb.SEED] == "seed"
+    assert convert.PB_TO_POLICY[pb.SEED_REVIEW] == "seed-review"
+    gate = h.gate()
+    st = h.serve(gate)
+    c = h.client(st)
+    ns = "policy/seed"
+    c.write([Fact(ns, DENVER)])
+    facts = [Fact(ns, CHICAGO)]
+    for name, wire in (("seed", pb.SEED), ("seed-review", pb.SEED_REVIEW)):
+        local = gate.triage(facts, name).decisions
+        expected = [(name, d.action, d.target_id, d.rule) for d in local]
+        got = c.triage(facts, name).decisions
+        assert [(d.policy, d.action, d.target_id, d.rule) for d in got] == expected
+        request = pb.TriageRequest(facts=[convert.fact_to_pb(f) for f in facts], policy=wire)
+        raw = h.stub(st).Triage(request, timeout=60)
+        assert [(d.policy, convert.PB_TO_ACTION[d.action]) for d in raw.decisions] == [
+            (p, a) for p, a, _, _ in expected
+        ]
+
+
 def test_public_names_resolve() -> None:
     import importlib
 

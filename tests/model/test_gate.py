@@ -353,3 +353,40 @@ def test_a_value_in_another_format_is_a_duplicate_not_an_update(
     d = g.triage([Fact("t/fmt", incoming)], "strict").decisions[0]
     assert (d.action, d.target_id) == ("skip", kept.memory_id)
     assert d.rule in ("restated", "duplicate", "contained")
+
+
+def test_seed_replaces_the_closest_contradicted_memory_even_a_lookalike(
+    make_gate: Callable[..., Gate],
+) -> None:
+    """The seed's plain rule on the real models: the most similar memory over the bar is
+    replaced, another subject's included (strict keeps it); every candidate reports its
+    scores, and no mechanism's evidence (frames) is measured."""
+    g = make_gate()
+    g.ingest([Fact(NS, "As of 2019, Jacopo Guarnieri plays for Groupama-FDJ.")])
+    fact = Fact(NS, "As of 2022, Marc Sarreau plays for Groupama-FDJ.")
+    strict = g.triage([fact], "strict").decisions[0]
+    seed = g.triage([fact], "seed").decisions[0]
+    assert strict.action == "add"
+    best = seed.candidates[0]
+    assert best.contradiction is not None and best.attribute is None
+    assert best.similarity >= 0.60 and best.contradiction > 0.95  # 0.69 and 0.99 measured
+    assert (seed.action, seed.target_id, seed.rule) == ("replace", best.memory_id, "contradiction")
+    assert strict.candidates[0].reason == "unproven:subject_disjoint"
+
+
+def test_a_later_dated_update_passes_and_an_earlier_one_is_kept_as_history(
+    make_gate: Callable[..., Gate],
+) -> None:
+    g = make_gate()
+    g.ingest([Fact(NS, "As of 2011, Anna Berg lives in Chicago.")])
+    signals = {"time_order": True}
+    later = Fact(NS, "As of 2022, Anna Berg lives in Tokyo.")
+    d = g.triage([later], "strict", overrides=signals).decisions[0]
+    assert (d.action, d.rule) == ("replace", "later_dated")
+    h = make_gate("other.db")
+    h.ingest([Fact(NS, "As of 2022, Anna Berg lives in Tokyo.")])
+    older = Fact(NS, "As of 2011, Anna Berg lives in Chicago.")
+    d = h.triage([older], "strict", overrides=signals).decisions[0]
+    assert (d.action, d.rule) == ("add", "older_than_target")
+    lookalike = Fact(NS, "As of 2022, Paul Kerr lives in Tokyo.")
+    assert g.triage([lookalike], "strict", overrides=signals).decisions[0].action == "add"

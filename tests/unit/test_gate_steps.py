@@ -15,7 +15,7 @@ import pytest
 from engine.gate.embed import embed
 from engine.gate.gate import Gate
 from engine.gate.plan import plan
-from engine.gate.policy import STRICT, Policy
+from engine.gate.policy import SEED, STRICT, Policy
 from engine.gate.ports import NLI, Embedder, Index, Store
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
@@ -196,3 +196,38 @@ def test_named_policies_take_the_scoring_models_thresholds() -> None:
         assert tuned.floor == STRICT.floor and tuned.name == "strict"
     finally:
         del MODEL_THRESHOLDS["test-nli"]
+
+
+def test_seed_pipeline_runs_none_of_the_mechanisms(store: SQLiteStore) -> None:
+    """Under ``seed`` the pipeline asks the model memory -> fact only (no reverse check, no
+    duplicate entailment), reads no key, rewrites no event, and parses nothing: the decision
+    is the closest candidate over the bar, the sibling (the other flight leg) included, where
+    strict protects the sibling and replaces the leg the fact names."""
+    fact = "The return flight now leaves at 18:05."
+    sibling = "The outbound flight now leaves at 18:05 today."  # 0.85 similar (fake embedder)
+    leg = "The return flight leaves at 17:00."  # 0.67
+    probe = plan([Fact(NS, fact)], SEED)[0]
+    probe.hits = [
+        Hit(Ref(f"m{n}", t, None, None, n), s, n)
+        for n, (t, s) in enumerate(((sibling, 0.95), (leg, 0.67)))
+    ]
+    relate([probe], SEED, has_entailment=True)
+    assert probe.norm is None and probe.nli_text == fact and not probe.queries
+    assert all(h.relation is None and h.forward and not h.reverse for h in probe.hits)
+    table = {(sibling, fact): CONFLICT, (leg, fact): CONFLICT}
+    table |= {(fact, sibling): CONFLICT, (fact, leg): CONFLICT}
+    nli = FakeNLI(table)
+    assert score([probe], nli, SEED) == 2 and nli.calls == [(sibling, fact), (leg, fact)]
+    gate = make_gate(store, FakeNLI(table))
+    (out,), (mine,) = gate.ingest([Fact(NS, sibling)]), gate.ingest([Fact(NS, leg)])
+    seed = gate.triage([Fact(NS, fact)], "seed").decisions[0]
+    assert (seed.action, seed.target_id, seed.rule, seed.policy) == (
+        "replace",
+        out.memory_id,
+        "contradiction",
+        "seed",
+    )
+    assert [c.attribute for c in seed.candidates] == [None, None]  # nothing identified
+    assert [c.reason for c in seed.candidates] == ["contradiction", "contradiction"]
+    strict = gate.triage([Fact(NS, fact)], "strict").decisions[0]
+    assert (strict.action, strict.target_id) == ("replace", mine.memory_id)

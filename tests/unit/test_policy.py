@@ -204,3 +204,203 @@ def test_named_policies() -> None:
         policy_by_name("lenient")
     with pytest.raises(InvalidInput):
         Policy(top_k=0)
+
+
+# -- the seed's plain rule (issue 31, item 5) ------------------------------------------------------
+def seed_rule(evidence: list[Evidence], floor: float, bar: float) -> str | None:
+    """The seed's rule as published, written out independently: the most similar candidate at
+    or above the floor whose contradiction exceeds the bar (None: add)."""
+    passing = [e for e in evidence if e.similarity >= floor and (e.contradiction or 0.0) > bar]
+    return max(passing, key=lambda e: e.similarity).memory_id if passing else None
+
+
+def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
+    from engine.gate.policy import POLICY_NAMES, SEED, SEED_REVIEW
+
+    assert policy_by_name("seed") is SEED and policy_by_name("seed-review") is SEED_REVIEW
+    assert {"seed", "seed-review"} <= set(POLICY_NAMES)
+    assert (SEED.floor, SEED.contradiction, SEED.mode) == (0.60, 0.95, "replace")
+    assert (SEED_REVIEW.floor, SEED_REVIEW.mode, SEED_REVIEW.review_scope) == (
+        0.45,
+        "review",
+        "all",
+    )
+    for pol in (SEED, SEED_REVIEW):
+        switches = (
+            "normalize",
+            "verify_reverse",
+            "lexical",
+            "keys",
+            "claims",
+            "evidence",
+            "judge",
+            "duplicates",
+            "dominance",
+            "model_bars",
+            "time_order",
+            "old_value",
+        )
+        assert not any(getattr(pol, name) for name in switches), pol.name
+        assert pol.ambiguity_margin == pol.key_ambiguity_margin == 0.0
+        assert pol.partial_values == 0
+    # a named policy's mechanism switches are all on; the seed's the same fields, all off
+    assert all(getattr(STRICT, name) for name in ("duplicates", "dominance", "model_bars"))
+    with pytest.raises(InvalidInput, match="model_bars"):
+        SEED.with_overrides({"model_bars": True})
+
+
+def test_seed_replaces_the_closest_confidently_contradicted_candidate_and_nothing_else() -> None:
+    from engine.gate.policy import SEED
+
+    v = decide(
+        [
+            ev("calm", 0.97, 0.10),  # closest, not contradicted
+            ev("near", 0.80, 0.99),  # the closest contradicted one: the target
+            ev("close", 0.79, 0.999),  # as contradicted, 0.01 less similar: no ambiguity test
+            ev("far", 0.65, 0.999),
+            ev("under", 0.59, 1.0),  # below the floor
+        ],
+        SEED,
+    )
+    assert (v.action, v.target_id, v.rule) == ("replace", "near", "contradiction")
+    reasons = {c.memory_id: c.reason for c in v.candidates}
+    assert reasons == {
+        "calm": "low_contradiction",
+        "near": "contradiction",
+        "close": "contradiction",
+        "far": "contradiction",
+        "under": "below_floor",
+    }
+    # the bar is strict (> 0.95), the floor inclusive (>= 0.60)
+    assert decide([ev("a", 0.80, 0.95)], SEED).action == "add"
+    assert decide([ev("a", 0.60, 0.951)], SEED).target_id == "a"
+
+
+def test_seed_ignores_what_strict_weighs() -> None:
+    """Near-identical, one-way, dominated, unproven: strict holds back; the seed replaces."""
+    from engine.gate.policy import SEED
+
+    identical = ev("a", 0.99, 0.99, entailment=0.9, reverse_entailment=0.9)
+    assert decide([identical], SEED).action == "replace"
+    one_way = ev("a", 0.9, 0.99, reverse_contradiction=0.01)
+    assert decide([one_way], STRICT).rule == "no_conflict"
+    assert decide([one_way], SEED).action == "replace"
+    dominated = [ev("subject", 0.86, 0.10), ev("other", 0.70, 0.99)]
+    assert decide(dominated, STRICT).rule == "dominated"
+    assert decide(dominated, SEED).target_id == "other"
+    unproven = ev("a", 0.8, 0.99, subject="disjoint")
+    assert decide([unproven], STRICT).rule == "unproven"
+    assert decide([unproven], SEED).target_id == "a"
+    rivals = [ev("a", 0.80, 0.99), ev("b", 0.79, 0.99)]
+    assert decide(rivals, STRICT).rule == "ambiguous_target"
+    assert decide(rivals, SEED).target_id == "a"
+
+
+def test_seed_equals_the_published_rule_on_random_evidence() -> None:
+    """Over random candidates with what the seed's pipeline measures (similarity,
+    contradiction, and entailment both ways for a model that has it), the named policy picks
+    exactly what the written-out rule picks, and seed-review queues that same target."""
+    import random
+
+    from engine.gate.policy import SEED, SEED_REVIEW
+
+    rng = random.Random(31)
+    replaced = 0
+    for _ in range(2000):
+        evidence = [
+            Evidence(
+                memory_id=f"m{i}",
+                text=f"memory {i}",
+                similarity=rng.choice([rng.random(), 0.6, 0.45, 0.95, 0.99]),
+                contradiction=rng.choice([rng.random(), 0.95, 0.96, 0.999, None]),
+                entailment=rng.choice([None, rng.random()]),
+                reverse_contradiction=rng.choice([None, rng.random()]),
+                reverse_entailment=rng.choice([None, rng.random()]),
+            )
+            for i in range(rng.randint(0, 6))
+        ]
+        want = seed_rule(evidence, 0.60, 0.95)
+        v = decide(evidence, SEED)
+        assert (v.action, v.target_id) == (("replace", want) if want else ("add", None))
+        replaced += want is not None
+        queued = seed_rule(evidence, 0.45, 0.95)
+        r = decide(evidence, SEED_REVIEW)
+        assert (r.action, r.target_id) == (("review", queued) if queued else ("add", None))
+    assert 300 < replaced < 1700  # both branches exercised
+
+
+# -- general update signals (issue 31, item 4) ----------------------------------------------------
+SIGNALS = Policy(time_order=True, old_value=True)
+NO_SIGNALS = Policy(time_order=False, old_value=False)
+
+
+def test_time_order_is_on_in_the_named_policies_and_old_value_off() -> None:
+    """As the pre-registered adoption rule decided (docs/experiments/2026-12-05-gate-v3.md)."""
+    for name in ("strict", "review", "review-uncertain"):
+        pol = policy_by_name(name)
+        assert pol.time_order and not pol.old_value, name
+
+
+def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_check() -> None:
+    dated = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later")
+    assert decide([dated], NO_SIGNALS).rule == "no_conflict"  # one way only: added without it
+    v = decide([dated], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("replace", "a", "later_dated")
+    assert v.candidates[0].reason == "later_dated"
+    # the bar is the matching attribute's (0.80), not lower
+    assert decide([ev("a", 0.9, 0.85, subject="shared", dated="later")], SIGNALS).action == (
+        "replace"
+    )
+    assert decide([ev("a", 0.9, 0.75, subject="shared", dated="later")], SIGNALS).action == "add"
+
+
+def test_a_dated_fact_about_another_subject_is_never_its_target() -> None:
+    for subject in ("disjoint", "apart", "unknown"):
+        lookalike = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject=subject, dated="later")
+        assert decide([lookalike], SIGNALS).action == "add", subject
+    other_frame = ev(
+        "a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later", attribute=0.05
+    )
+    assert decide([other_frame], SIGNALS).action == "add"
+
+
+def test_an_earlier_dated_fact_arriving_late_is_added_to_history() -> None:
+    older = ev("a", 0.9, 0.99, reverse_contradiction=0.99, subject="shared", dated="earlier")
+    assert decide([older], NO_SIGNALS).action == "replace"
+    v = decide([older], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("add", None, "older_than_target")
+    assert v.candidates[0].reason == "older_than_target"
+    assert decide([older], replace_review(SIGNALS)).action == "add"
+
+
+def replace_review(pol: Policy) -> Policy:
+    from dataclasses import replace
+
+    return replace(pol, name="review", mode="review", floor=0.45)
+
+
+def test_a_change_that_names_the_memory_s_value_as_old_is_an_update() -> None:
+    named = ev("a", 0.7, 0.6, reverse_contradiction=0.1, old_value=True, attribute=None)
+    assert decide([named], STRICT).action == "add"
+    v = decide([named], SIGNALS)
+    assert (v.action, v.target_id, v.rule) == ("replace", "a", "old_value")
+    assert decide([ev("a", 0.7, 0.4, old_value=True)], SIGNALS).action == "add"  # bar 0.50
+    for subject in ("disjoint", "apart"):  # the same old value, said of another subject
+        other = ev("a", 0.7, 0.99, old_value=True, subject=subject)
+        assert decide([other], SIGNALS).action == "add", subject
+
+
+def test_the_judge_neither_vetoes_nor_dequeues_a_signalled_update() -> None:
+    from engine.gate.judge import amended
+
+    strict = Policy(time_order=True, old_value=True, judge_veto=0.5)
+    review = replace_review(Policy(old_value=True, judge_dequeue=0.5))
+    for pol, ev_ in (
+        (strict, ev("a", 0.7, 0.9, old_value=True)),
+        (review, ev("a", 0.7, 0.9, old_value=True)),
+    ):
+        v = decide([ev_], pol)
+        assert v.rule == "old_value"
+        assert amended(v, {}, pol, {"a": 0.01}).action == v.action
+    plain = decide([ev("a", 0.7, 0.99)], strict)
+    assert amended(plain, {}, strict, {"a": 0.01}).rule == "judged_not_update"

@@ -22,6 +22,8 @@ from engine.gate.claims.claim import Claim
 from engine.gate.overlap import close
 
 __all__ = [
+    "beyond_time",
+    "holds_value",
     "adds_beside",
     "changed_kinds",
     "changes_value",
@@ -232,3 +234,39 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
     members = [m for m in memory.conjuncts if m]
     touched = sum(1 for m in members if m & fact.lexicon)
     return len(members) >= 2 and 0 < touched < len(members)
+
+
+_TIME_KINDS = ("year:", "month:", "date:")
+
+
+def beyond_time(memory: Claim, fact: Claim) -> bool:
+    """The two say more than one thing at two times: with the dates and years out, their
+    values or content words differ ("As of 2011, A lives in Chicago" / "As of 2022, A lives in
+    Tokyo"). False when the time is all that changes ("born in 1990" / "born in 1991": the
+    year is the value, a correction, not a time qualifier)."""
+
+    def rest(c: Claim) -> frozenset[str]:
+        return frozenset(v for v in c.values if not v.startswith(_TIME_KINDS))
+
+    return rest(memory) != rest(fact) or memory.content != fact.content
+
+
+def holds_value(memory: Claim, old: Claim) -> bool:
+    """The memory holds the value a change names as its old one (``old``, the parsed
+    fragment: "Improved", "lives in Paris", "$10"): its canonical values, when it has any,
+    are all the memory's; otherwise its content words all occur in the memory."""
+    if old.values:
+        return old.values <= memory.values
+    pool = memory.lexicon | memory.content | memory.subject
+    lemmas = old.content | old.subject
+    if lemmas and lemmas <= pool:
+        return True
+    # a fragment parses poorly ("lives in Paris": "lives" read as the noun "life"): its words
+    surface = {w for w in old.lexicon if w.isalpha() and w in old.text.lower()} - _FUNCTION
+    return bool(surface) and surface <= pool
+
+
+_FUNCTION = frozenset(
+    "a an the in on at of to for from with by as is are was were be been being not no".split()
+)
+"""Function words a value fragment may carry ("lives *in* Paris", "*a* vegetarian")."""

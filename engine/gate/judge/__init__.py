@@ -52,7 +52,7 @@ import numpy as np
 
 from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES, features
-from engine.gate.policy import Evidence, Policy, Verdict
+from engine.gate.policy import UPDATE_SIGNALS, Evidence, Policy, Verdict
 
 __all__ = ["BAR_FIELDS", "FORMAT", "Judge", "VerdictJudge", "amended", "with_bars"]
 
@@ -202,6 +202,8 @@ def amended(
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule
     note: dict[str, str] = {}
+    if action in ("review", "replace") and rule.split("+")[0] in UPDATE_SIGNALS:
+        return verdict  # positive evidence of an update: neither vetoed nor dequeued
     if action == "review":
         if not update or not _dequeues(policy) or target is None or target not in update:
             return verdict
