@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from engine.app import EngineSettings, open_engine
     from engine.gate.policy import STRICT
-    from engine.gate.policy import decide as rule
+    from engine.gate.policy import apply_rule as rule
     from engine.runtime.loader import ModelChoice
     from engine.runtime.session import SessionSettings
     from engine.tuning.evaluate import load_cases

@@ -8,7 +8,7 @@ earlier fact's candidate id resolves to the id its memory got. The rules:
 * ``keyed_new`` / ``keyed_same`` / ``keyed``: a fact with an explicit key is added when its
   namespace holds no active memory with that key, skipped when it repeats that memory's text,
   and replaces it otherwise (no model involved);
-* every other fact: the policy's rule (:func:`engine.gate.policy.decide`) over its candidates'
+* every other fact: the policy's rule (:func:`engine.gate.policy.apply_rule`) over its candidates'
   evidence (:mod:`engine.gate.weigh`), then the judge's amendment when the gate has
   one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add, a replace an add
   or, under review-uncertain, a review).
@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 
 from engine.gate.judge import VerdictJudge
 from engine.gate.policy import Policy
-from engine.gate.policy import decide as rule
+from engine.gate.policy import apply_rule as rule
 from engine.gate.probe import Probe
 from engine.gate.weigh import weigh
 from engine.store import new_memory_id
 from engine.types import Candidate, Decision, Memory
 
-__all__ = ["Batch", "decide"]
+__all__ = ["EarlierFacts", "decide"]
 
 ActiveByKey = Callable[[str, str], Memory | None]
 
 
 @dataclass
-class Batch:
+class EarlierFacts:
     """What earlier facts of this batch did, as later facts must see it."""
 
     ids: dict[str, str] = field(default_factory=dict)
@@ -56,7 +56,7 @@ def decide(
     active_by_key: ActiveByKey,
     judge: VerdictJudge | None = None,
 ) -> list[Decision]:
-    batch = Batch()
+    batch = EarlierFacts()
     out = []
     for probe in probes:
         new_id = new_memory_id()
@@ -73,7 +73,7 @@ def decide(
 
 
 def _free_text(
-    probe: Probe, policy: Policy, batch: Batch, new_id: str, judge: VerdictJudge | None
+    probe: Probe, policy: Policy, batch: EarlierFacts, new_id: str, judge: VerdictJudge | None
 ) -> Decision:
     evidence = []
     for hit in probe.hits:
@@ -105,7 +105,7 @@ def _same_text(a: str, b: str) -> bool:
 
 
 def _keyed(
-    probe: Probe, policy: Policy, batch: Batch, active_by_key: ActiveByKey, new_id: str
+    probe: Probe, policy: Policy, batch: EarlierFacts, active_by_key: ActiveByKey, new_id: str
 ) -> Decision:
     fact, ikey = probe.fact, probe.key_text
     assert fact.key is not None

@@ -42,7 +42,7 @@ __all__ = [
     "Evidence",
     "Policy",
     "Verdict",
-    "decide",
+    "apply_rule",
     "policy_by_name",
 ]
 
@@ -416,7 +416,7 @@ class Verdict:
     candidates: tuple[Candidate, ...]
 
 
-def decide(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
+def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     """Apply the policy to the candidates' evidence (any order)."""
     ranked = sorted(evidence, key=lambda e: -e.similarity)
     reasons: dict[str, tuple[bool, str]] = {}

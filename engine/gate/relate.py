@@ -45,7 +45,7 @@ def relate(probes: Sequence[Probe], policy: Policy, *, has_entailment: bool) -> 
 
 def _relation(probe: Probe, hit: Hit, policy: Policy) -> keymod.Relation:
     fact, ref = probe.fact, hit.ref
-    rel = keymod.relate(fact.text, ref.text, fact.key, ref.key)
+    rel = keymod.compare_keys(fact.text, ref.text, fact.key, ref.key)
     if rel.key_match or rel.key_conflict:
         return rel
     rel = _old_value_match(probe.norm, ref.text) or rel

@@ -176,7 +176,7 @@ class _Run:
     labels: tuple[str, ...] = ()
     pooling: str | None = None
     normalize: bool = True
-    batches: list[checks.Batch] = field(default_factory=list)
+    batches: list[checks.CheckBatch] = field(default_factory=list)
     reference: np.ndarray | None = None
     base: Path | None = None
     base_outputs: np.ndarray | None = None

@@ -24,7 +24,7 @@ __all__ = [
     "PAIRS",
     "TEXTS",
     "INVARIANCE_ATOL",
-    "Batch",
+    "CheckBatch",
     "Tolerance",
     "batch_invariance",
     "compare",
@@ -66,7 +66,7 @@ CHECK_SET_ID = hashlib.sha256(repr((TEXTS, PAIRS)).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
-class Batch:
+class CheckBatch:
     """A padded batch of the check set and the positions of its rows in the set."""
 
     feeds: dict[str, np.ndarray]
@@ -97,7 +97,7 @@ def encode(
     pad_id: int,
     batch_size: int = 4,
     static_length: int | None = None,
-) -> list[Batch]:
+) -> list[CheckBatch]:
     """Tokenise ``items`` into length-sorted, padded batches (less padding, still some)."""
     from tokenizers import Tokenizer
 
@@ -118,7 +118,7 @@ def encode(
             n = len(enc.ids)
             ids[r, :n], mask[r, :n], types[r, :n] = enc.ids, enc.attention_mask, enc.type_ids
         feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-        batches.append(Batch(feeds, tuple(rows)))
+        batches.append(CheckBatch(feeds, tuple(rows)))
     return batches
 
 
@@ -140,7 +140,7 @@ def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str, normalize: bool) ->
 Runner = Callable[[dict[str, np.ndarray]], np.ndarray]
 
 
-def gather(batches: Sequence[Batch], run: Runner) -> np.ndarray:
+def gather(batches: Sequence[CheckBatch], run: Runner) -> np.ndarray:
     """Run every batch and put the rows back in check-set order."""
     parts = [(b.rows, run(b.feeds)) for b in batches]
     n = sum(len(rows) for rows, _ in parts)
@@ -189,7 +189,7 @@ def batch_invariance(
     (mixed lengths, so a short item is padded to the longest): the figure that decides if a
     graph may batch freely (``row_invariant``)."""
 
-    def batches(size: int) -> list[Batch]:
+    def batches(size: int) -> list[CheckBatch]:
         return encode(
             tokenizer_path,
             items,

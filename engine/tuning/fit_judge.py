@@ -54,7 +54,7 @@ from engine.gate.judge import Judge, amended, with_bars
 from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
-from engine.gate.policy import decide as rule
+from engine.gate.policy import apply_rule as rule
 from engine.runtime.cpu import cpu
 from engine.tuning.calibrate import finite, sha256_of
 from engine.tuning.evaluate import Staged, decide_cases, is_labelled, load_cases, stage

@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import cv_thresholds as cv  # noqa: E402
 
-from engine.gate.policy import STRICT, Evidence, decide  # noqa: E402
+from engine.gate.policy import STRICT, Evidence, apply_rule  # noqa: E402
 
 
 def test_each_set_is_judged_with_the_setting_chosen_on_the_others() -> None:
@@ -39,9 +39,9 @@ def test_a_wrongful_overwrite_counts_twice_and_ties_go_to_the_default() -> None:
 def test_replay_applies_the_policy_to_the_captured_evidence() -> None:
     ev = [Evidence("s1", "memory", 0.9, contradiction=0.97, attribute=0.9, subject="shared")]
     owners = {"s1": "m1"}
-    loose = cv.replay([ev], ["c-1"], owners, STRICT, decide)
+    loose = cv.replay([ev], ["c-1"], owners, STRICT, apply_rule)
     strict = cv.replay(
-        [ev], ["c-1"], owners, STRICT.with_overrides({"contradiction": 0.98}), decide
+        [ev], ["c-1"], owners, STRICT.with_overrides({"contradiction": 0.98}), apply_rule
     )
     assert loose == [{"id": "c-1", "action": "replace", "target": "m1"}]
     assert strict == [{"id": "c-1", "action": "add", "target": None}]

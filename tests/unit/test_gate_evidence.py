@@ -8,7 +8,7 @@ import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
 from engine.gate.identify import _named_by_subject, identify
-from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, apply_rule
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
 from engine.gate.thresholds import for_embedder
@@ -170,48 +170,48 @@ def conflict(**kw: object) -> Evidence:
 
 
 def test_strict_adds_without_attribute_evidence() -> None:
-    v = decide([conflict(attribute=0.05, subject="shared")], STRICT)
+    v = apply_rule([conflict(attribute=0.05, subject="shared")], STRICT)
     assert (v.action, v.rule) == ("add", "unproven")
     assert v.candidates[0].reason.startswith("unproven:attribute:0.05<")
-    v = decide([conflict(attribute=None)], STRICT)
+    v = apply_rule([conflict(attribute=None)], STRICT)
     assert v.candidates[0].reason == "unproven:attribute_unmeasured"
-    v = decide([conflict(attribute=0.9, subject="disjoint")], STRICT)
+    v = apply_rule([conflict(attribute=0.9, subject="disjoint")], STRICT)
     assert v.candidates[0].reason == "unproven:subject_disjoint"
 
 
 def test_subjects_named_apart_by_values_outweigh_a_key_match() -> None:
-    v = decide([conflict(attribute=1.0, subject="apart", key_match=True)], STRICT)
+    v = apply_rule([conflict(attribute=1.0, subject="apart", key_match=True)], STRICT)
     assert (v.action, v.candidates[0].reason) == ("add", "unproven:subject_apart")
     # a key match still outweighs a subject the parse only finds disjoint by its words
-    assert decide([conflict(attribute=0.9, subject="disjoint", key_match=True)], STRICT).action == (
-        "replace"
-    )
+    assert apply_rule(
+        [conflict(attribute=0.9, subject="disjoint", key_match=True)], STRICT
+    ).action == ("replace")
 
 
 def test_typed_values_added_beside_the_memory_s_are_not_proven_the_same_attribute() -> None:
-    v = decide([conflict(attribute=0.9, subject="shared", beside=True)], STRICT)
+    v = apply_rule([conflict(attribute=0.9, subject="shared", beside=True)], STRICT)
     assert (v.action, v.candidates[0].reason) == ("add", "unproven:values_beside")
-    assert decide([conflict(attribute=0.9, beside=True, key_match=True)], STRICT).action == (
+    assert apply_rule([conflict(attribute=0.9, beside=True, key_match=True)], STRICT).action == (
         "replace"
     )
 
 
 def test_strict_replaces_with_evidence_and_a_key_match_is_evidence() -> None:
-    v = decide([conflict(attribute=0.9, subject="shared")], STRICT)
+    v = apply_rule([conflict(attribute=0.9, subject="shared")], STRICT)
     assert v.action == "replace" and v.candidates[0].attribute == pytest.approx(0.9)
-    assert decide([conflict(attribute=None, key_match=True)], STRICT).action == "replace"
+    assert apply_rule([conflict(attribute=None, key_match=True)], STRICT).action == "replace"
 
 
 def test_review_queues_every_conflict_whatever_the_evidence() -> None:
-    assert decide([conflict(attribute=None)], REVIEW).action == "review"
+    assert apply_rule([conflict(attribute=None)], REVIEW).action == "review"
     # review-uncertain replaces unattended only what strict could prove
-    assert decide([conflict(attribute=None)], REVIEW_UNCERTAIN).action == "review"
-    assert decide([conflict(attribute=0.9)], REVIEW_UNCERTAIN).action == "replace"
+    assert apply_rule([conflict(attribute=None)], REVIEW_UNCERTAIN).action == "review"
+    assert apply_rule([conflict(attribute=0.9)], REVIEW_UNCERTAIN).action == "replace"
 
 
 def test_evidence_off_restores_the_plain_rule() -> None:
     off = STRICT.with_overrides({"evidence": False})
-    assert decide([conflict(attribute=None)], off).action == "replace"
+    assert apply_rule([conflict(attribute=None)], off).action == "replace"
 
 
 def test_the_bar_belongs_to_the_embedder() -> None:
@@ -226,11 +226,11 @@ def test_a_near_rival_with_the_closer_frame_makes_the_target_ambiguous() -> None
     evening = Evidence(
         "pm", "pm", 0.920, contradiction=0.99, attribute=0.93, subject="shared", key_match=True
     )
-    v = decide([morning, evening], STRICT)
+    v = apply_rule([morning, evening], STRICT)
     assert (v.action, v.rule) == ("review", "ambiguous_target")
     # a rival whose frame is farther does not: the most similar proven candidate is replaced
     farther = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.5, key_match=True)
-    assert decide([morning, farther], STRICT).action == "replace"
+    assert apply_rule([morning, farther], STRICT).action == "replace"
 
 
 def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
@@ -245,7 +245,7 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     ev = weigh(p, p.hits[0], STRICT, "m0")
     assert ev.mismatch == "other_subject"
     for policy in (STRICT, REVIEW):
-        v = decide([ev], policy)
+        v = apply_rule([ev], policy)
         assert (v.action, v.candidates[0].reason) == ("add", "mismatch:other_subject")
     q = _probe(
         "Ms Varga's tutor on Tuesdays: Nadia Osei.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
@@ -253,4 +253,4 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     q.hits[0].contradiction = q.hits[0].reverse_contradiction = 0.99
     q.hits[0].attribute, q.hits[0].subject = 1.0, "unknown"
     ev = weigh(q, q.hits[0], STRICT, "m0")
-    assert ev.mismatch == "" and decide([ev], STRICT).action == "replace"
+    assert ev.mismatch == "" and apply_rule([ev], STRICT).action == "replace"

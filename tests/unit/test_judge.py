@@ -17,7 +17,7 @@ from engine.gate.judge import FORMAT, Judge, amended
 from engine.gate.judge.boost import Boost, BoostSettings, fit
 from engine.gate.judge.features import FEATURES, JUDGED, features, judged
 from engine.gate.judge.store import OlderJudge, find_judge, judge_path, load_judge, save_judge
-from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, decide
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, apply_rule
 from engine.runtime.manifest import manifest_digest
 
 SMALL = BoostSettings(trees=30, max_leaves=4, min_leaf=5)
@@ -170,7 +170,7 @@ def test_an_unscored_candidate_reads_as_unknown_not_as_compatible() -> None:
 
 # -- what the judge may change ---------------------------------------------------------------------
 def _verdict(evs: list[Evidence], policy=STRICT):  # type: ignore[no-untyped-def]
-    return decide(evs, policy)
+    return apply_rule(evs, policy)
 
 
 def test_a_fact_the_rule_adds_is_skipped_when_the_judge_calls_it_a_duplicate() -> None:
@@ -318,7 +318,7 @@ def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> N
         attribute=0.9,
     )
     for e, action in ((near, "replace"), (far, "add")):
-        v = decide([e], pol)
+        v = apply_rule([e], pol)
         assert v.action == "replace"
         out = judge.amend(v, [e], "Dana lives in Portobello now.", pol)
         assert out.action == action
@@ -336,12 +336,12 @@ def test_a_fitted_judge_queues_for_review_through_its_update_trees() -> None:
     review = judge.policy(REVIEW)
     assert review.judge_queue == 0.5
     close = ev("m1", 0.82, 0.05, "Dana lives in Leith.")
-    v = decide([close], review)
+    v = apply_rule([close], review)
     assert v.action == "add"
     out = judge.amend(v, [close], "Dana has moved to Portobello.", review)
     assert (out.action, out.target_id, out.rule) == ("review", "m1", "judged_update")
     strict = judge.policy(STRICT)
-    assert judge.amend(decide([close], strict), [close], "Dana moved.", strict).action == "add"
+    assert judge.amend(apply_rule([close], strict), [close], "Dana moved.", strict).action == "add"
 
 
 def test_the_seed_review_stores_a_doubtful_conflict_instead_of_queueing_it() -> None:
@@ -352,12 +352,12 @@ def test_the_seed_review_stores_a_doubtful_conflict_instead_of_queueing_it() -> 
     near = ev("m1", 0.82, 0.99, "Dana lives in Leith.", **kw)  # an update by the trees
     far = ev("m1", 0.66, 0.99, "Dana lives in Leith.", **kw)  # not one
     fact = "Dana lives in Portobello now."
-    v = decide([near], review)
+    v = apply_rule([near], review)
     assert (v.action, v.target_id) == ("review", "m1")
     kept = judge.amend(v, [near], fact, review)
     assert (kept.action, kept.target_id, kept.rule) == ("review", "m1", v.rule)
     assert kept.candidates[0].update is not None and kept.candidates[0].update >= 0.5
-    v = decide([far], review)
+    v = apply_rule([far], review)
     assert v.action == "review"
     out = judge.amend(v, [far], fact, review)
     assert (out.action, out.target_id, out.rule) == ("add", None, "judged_not_update")
@@ -369,10 +369,10 @@ def test_the_seed_review_stores_a_doubtful_conflict_instead_of_queueing_it() -> 
         replace(review, judge=False),
         judge.policy(REVIEW_UNCERTAIN),
     ):
-        v = decide([far], pol)
+        v = apply_rule([far], pol)
         assert judge.amend(v, [far], fact, pol).action == v.action
     # amended (what the fit replays) agrees with the gate's amend
-    v = decide([far], review)
+    v = apply_rule([far], review)
     assert amended(v, {}, review, {"m1": 0.2}).action == "add"
     assert amended(v, {}, review, {"m1": 0.7}).action == "review"
     assert amended(v, {}, review, {"m2": 0.0}).action == "review"  # target not judged
@@ -382,7 +382,7 @@ def test_a_fitted_judge_amends_through_its_own_features() -> None:
     judge = _tiny_judge()
     near = ev("m1", 0.88, 0.1, "Dana lives in Leith.")
     far = ev("m2", 0.75, 0.1, "Dana works in Glasgow.")
-    v = decide([near, far], STRICT)
+    v = apply_rule([near, far], STRICT)
     assert v.action == "add"
     pol = judge.policy(STRICT)
     assert (pol.judge_duplicate, pol.judge_keep) == (0.5, 0.05)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.gate import keys as keys_module
-from engine.gate.keys import FAMILIES, AttributeKey, Relation, infer_key, relate
+from engine.gate.keys import FAMILIES, AttributeKey, Relation, compare_keys, infer_key
 
 
 def test_public_api() -> None:
@@ -15,7 +15,7 @@ def test_public_api() -> None:
         "Family",
         "Relation",
         "infer_key",
-        "relate",
+        "compare_keys",
     }
 
 
@@ -37,21 +37,25 @@ def test_families_are_mutually_exclusive_tables() -> None:
 
 
 def test_equal_explicit_keys_match_even_for_sibling_looking_text() -> None:
-    relation = relate(
+    relation = compare_keys(
         "The return leg is on 9 May.", "The outbound leg is on 2 May.", "trip", "Trip"
     )
     assert relation == Relation(True, False, "explicit:equal")
 
 
 def test_different_explicit_keys_conflict_even_for_identical_text() -> None:
-    relation = relate("Plan: Team.", "Plan: Team.", "plan", "billing_plan")
+    relation = compare_keys("Plan: Team.", "Plan: Team.", "plan", "billing_plan")
     assert relation.key_conflict and not relation.key_match
     assert relation.reason == "explicit:plan!=billing_plan"
 
 
 def test_one_explicit_key_is_compared_with_the_inferred_attribute() -> None:
-    assert relate("Orla is on the Scale plan now.", "Orla is on the Solo plan.", "plan").key_match
-    assert not relate("Orla has 12 seats.", "Orla is on the Solo plan.", None, "plan").key_match
+    assert compare_keys(
+        "Orla is on the Scale plan now.", "Orla is on the Solo plan.", "plan"
+    ).key_match
+    assert not compare_keys(
+        "Orla has 12 seats.", "Orla is on the Solo plan.", None, "plan"
+    ).key_match
 
 
 # --- inference ------------------------------------------------------------------------------------
@@ -254,7 +258,7 @@ SIBLINGS = [
 
 @pytest.mark.parametrize(("new", "old", "reason"), SIBLINGS, ids=[s[0][:40] for s in SIBLINGS])
 def test_siblings_conflict(new: str, old: str, reason: str) -> None:
-    relation = relate(new, old)
+    relation = compare_keys(new, old)
     assert relation.key_conflict, relation
     assert not relation.key_match
     assert relation.reason.startswith(reason), relation.reason
@@ -358,7 +362,7 @@ UPDATES = [
 
 @pytest.mark.parametrize(("new", "old", "match"), UPDATES, ids=[u[0][:40] for u in UPDATES])
 def test_updates_do_not_conflict(new: str, old: str, match: bool) -> None:
-    relation = relate(new, old)
+    relation = compare_keys(new, old)
     assert not relation.key_conflict, relation
     if match:
         assert relation.key_match, relation
@@ -378,7 +382,7 @@ def test_updates_do_not_conflict(new: str, old: str, match: bool) -> None:
     ],
 )
 def test_refinements_and_restatements_do_not_conflict(new: str, old: str) -> None:
-    assert not relate(new, old).key_conflict
+    assert not compare_keys(new, old).key_conflict
 
 
 @pytest.mark.parametrize(
@@ -390,27 +394,31 @@ def test_refinements_and_restatements_do_not_conflict(new: str, old: str) -> Non
     ],
 )
 def test_unrelated_attributes_do_not_match(new: str, old: str) -> None:
-    relation = relate(new, old)
+    relation = compare_keys(new, old)
     assert not relation.key_match
     assert not relation.key_conflict
 
 
 def test_capitalised_sentence_openers_are_not_people() -> None:
     # "Best" and "Rent" open the sentence; neither is a person to set against Tobias or Pia.
-    assert not relate("Best time to call Tobias is after 10.", "Tobias prefers calls.").key_conflict
-    assert not relate("Rent is now £1,200.", "Pia's rent is £1,100.").key_conflict
+    assert not compare_keys(
+        "Best time to call Tobias is after 10.", "Tobias prefers calls."
+    ).key_conflict
+    assert not compare_keys("Rent is now £1,200.", "Pia's rent is £1,100.").key_conflict
 
 
 def test_a_subject_named_as_the_old_value_is_not_a_sibling() -> None:
-    relation = relate("Ruairi is the new site lead.", "Brightwater's site lead is Ruairi Byrne.")
+    relation = compare_keys(
+        "Ruairi is the new site lead.", "Brightwater's site lead is Ruairi Byrne."
+    )
     assert not relation.key_conflict
 
 
 def test_relate_is_symmetric_in_siblinghood_for_named_people() -> None:
-    assert relate(
+    assert compare_keys(
         "Leo's swim class is on Tuesdays.", "Ada's swim class is on Mondays."
     ).key_conflict
-    assert relate(
+    assert compare_keys(
         "Ada's swim class is on Mondays.", "Leo's swim class is on Tuesdays."
     ).key_conflict
 
@@ -424,17 +432,19 @@ def test_relate_is_symmetric_in_siblinghood_for_named_people() -> None:
     ],
 )
 def test_numbered_subjects_of_one_kind_are_siblings(new: str, old: str) -> None:
-    rel = relate(new, old)
+    rel = compare_keys(new, old)
     assert rel.key_conflict and (rel.reason.startswith(("instance:", "qualifier:")))
 
 
 def test_a_number_in_the_value_is_not_a_sibling() -> None:
-    rel = relate(
+    rel = compare_keys(
         "Yusuf's thesis defence will be held in Room B312.", "Yusuf's defence is in Room B214."
     )
     assert not rel.key_conflict
 
 
 def test_flying_back_is_the_return_leg() -> None:
-    rel = relate("Keanu flies back from Lima on 18 March.", "Keanu flies out to Lima on 2 March.")
+    rel = compare_keys(
+        "Keanu flies back from Lima on 18 March.", "Keanu flies out to Lima on 2 March."
+    )
     assert rel.key_conflict and "return" in rel.reason

@@ -11,7 +11,7 @@ from engine.gate.policy import (
     STRICT,
     Evidence,
     Policy,
-    decide,
+    apply_rule,
     policy_by_name,
 )
 
@@ -22,38 +22,38 @@ def ev(mid: str, sim: float, contra: float | None = 0.0, **kw: object) -> Eviden
 
 
 def test_no_candidates_adds() -> None:
-    v = decide([], STRICT)
+    v = apply_rule([], STRICT)
     assert (v.action, v.target_id, v.rule) == ("add", None, "no_candidate_above_floor")
 
 
 def test_below_floor_is_never_replaced_even_if_contradicting() -> None:
-    v = decide([ev("a", 0.59, 0.999)], STRICT)
+    v = apply_rule([ev("a", 0.59, 0.999)], STRICT)
     assert v.action == "add"
     assert v.candidates[0].reason == "below_floor"
     # ...but the review policy's floor is lower
-    assert decide([ev("a", 0.59, 0.999)], REVIEW).action == "review"
+    assert apply_rule([ev("a", 0.59, 0.999)], REVIEW).action == "review"
 
 
 def test_replaces_only_the_single_most_similar_passing_candidate() -> None:
-    v = decide([ev("far", 0.70, 0.99), ev("near", 0.85, 0.99), ev("calm", 0.88, 0.10)], STRICT)
+    v = apply_rule([ev("far", 0.70, 0.99), ev("near", 0.85, 0.99), ev("calm", 0.88, 0.10)], STRICT)
     assert (v.action, v.target_id) == ("replace", "near")
     passed = {c.memory_id: c.passed for c in v.candidates}
     assert passed == {"calm": False, "near": True, "far": True}
 
 
 def test_threshold_is_strictly_greater() -> None:
-    assert decide([ev("a", 0.8, 0.95)], STRICT).action == "add"
-    assert decide([ev("a", 0.8, 0.9501)], STRICT).action == "replace"
+    assert apply_rule([ev("a", 0.8, 0.95)], STRICT).action == "add"
+    assert apply_rule([ev("a", 0.8, 0.9501)], STRICT).action == "replace"
 
 
 def test_review_uncertain_queues_uncertain_conflicts_and_applies_confident_ones() -> None:
     pol = policy_by_name("review-uncertain")
     assert pol is REVIEW_UNCERTAIN and pol.review_scope == "uncertain" and pol.floor == 0.45
     # between the review floor and the confident floor: queued
-    assert (decide([ev("a", 0.5, 0.99)], pol).action, "a") == ("review", "a")
-    confident = decide([ev("a", 0.8, 0.99)], pol)
+    assert (apply_rule([ev("a", 0.5, 0.99)], pol).action, "a") == ("review", "a")
+    confident = apply_rule([ev("a", 0.8, 0.99)], pol)
     assert (confident.action, confident.rule) == ("replace", "contradiction+confident")
-    same = decide([ev("a", 0.8, 0.99)], REVIEW.with_overrides({"review_scope": "uncertain"}))
+    same = apply_rule([ev("a", 0.8, 0.99)], REVIEW.with_overrides({"review_scope": "uncertain"}))
     assert same.action == "replace"
 
 
@@ -61,66 +61,69 @@ def test_review_queues_every_conflict_and_replaces_nothing() -> None:
     # the seed's review policy: floor 0.45, every conflict to the queue
     assert REVIEW.floor == 0.45 and REVIEW.review_scope == "all"
     for sim in (0.5, 0.8, 0.99):
-        v = decide([ev("a", sim, 0.99)], REVIEW)
+        v = apply_rule([ev("a", sim, 0.99)], REVIEW)
         assert (v.action, v.target_id) == ("review", "a")
 
 
 def test_partial_contradiction_of_a_multi_claim_memory_is_reviewed_even_under_strict() -> None:
-    v = decide([ev("a", 0.8, 0.99, partial=True)], STRICT)
+    v = apply_rule([ev("a", 0.8, 0.99, partial=True)], STRICT)
     assert (v.action, v.target_id) == ("review", "a")
     assert v.rule.startswith("partial_contradiction")
 
 
 def test_contained_fact_is_skipped_against_the_memory_that_contains_it() -> None:
-    v = decide([ev("a", 0.8, 0.99), ev("b", 0.7, 0.3, contained=True)], STRICT)
+    v = apply_rule([ev("a", 0.8, 0.99), ev("b", 0.7, 0.3, contained=True)], STRICT)
     assert (v.action, v.target_id, v.rule) == ("skip", "b", "contained")
 
 
 def test_a_much_less_similar_conflict_is_dominated_by_the_fact_s_real_subject() -> None:
-    v = decide([ev("subject", 0.86, 0.30), ev("other", 0.70, 0.99)], STRICT)
+    v = apply_rule([ev("subject", 0.86, 0.30), ev("other", 0.70, 0.99)], STRICT)
     assert (v.action, v.rule) == ("add", "dominated")
 
 
 def test_a_key_match_does_not_exempt_a_candidate_from_dominance() -> None:
-    v = decide([ev("subject", 0.87, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    v = apply_rule([ev("subject", 0.87, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
     assert (v.action, v.rule) == ("add", "dominated")
-    near = decide([ev("subject", 0.77, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
+    near = apply_rule([ev("subject", 0.77, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
     assert (near.action, near.target_id) == ("replace", "backup")
 
 
 def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction() -> None:
     weak = ev("fee", 0.97, 0.70, reverse_contradiction=0.20)
-    assert decide([weak], STRICT).action == "add"
+    assert apply_rule([weak], STRICT).action == "add"
     changed = ev("fee", 0.97, 0.70, reverse_contradiction=0.20, value_change=True)
-    assert (decide([changed], STRICT).action, decide([changed], STRICT).target_id) == (
+    assert (apply_rule([changed], STRICT).action, apply_rule([changed], STRICT).target_id) == (
         "replace",
         "fee",
     )
     far = ev("fee", 0.80, 0.70, value_change=True)  # below value_change_similarity
-    assert decide([far], STRICT).action == "add"
+    assert apply_rule([far], STRICT).action == "add"
     low = ev("fee", 0.97, 0.30, value_change=True, new_values=True)  # model: compatible
-    assert decide([low], STRICT).action == "add"
+    assert apply_rule([low], STRICT).action == "add"
 
 
 def test_two_stored_addresses_of_the_changed_kind_are_ambiguous() -> None:
     email = frozenset({"email"})
     a = ev("work", 0.70, 0.95, key_match=True, changed_kinds=email)
     b = ev("home", 0.45, 0.96, key_match=True, changed_kinds=email)
-    assert (decide([a, b], STRICT).action, decide([a, b], STRICT).rule) == (
+    assert (apply_rule([a, b], STRICT).action, apply_rule([a, b], STRICT).rule) == (
         "review",
         "ambiguous_address",
     )
     money = frozenset({"money"})  # one price of one attribute: the closer one changes
     c = ev("price", 0.70, 0.95, key_match=True, changed_kinds=money)
     d = ev("deposit", 0.45, 0.96, key_match=True, changed_kinds=money)
-    assert (decide([c, d], STRICT).action, decide([c, d], STRICT).target_id) == ("replace", "price")
+    assert (apply_rule([c, d], STRICT).action, apply_rule([c, d], STRICT).target_id) == (
+        "replace",
+        "price",
+    )
 
 
 def test_a_rival_with_a_value_of_the_changed_kind_and_a_nearer_frame_is_reviewed() -> None:
     money = frozenset({"money"})
     fee = ev("fee", 0.80, 0.99, changed_kinds=money, attribute=0.11)
     limit = ev("limit", 0.75, 0.93, changed_kinds=money, attribute=0.36)  # below the bar
-    v = decide([fee, limit], STRICT)
+    v = apply_rule([fee, limit], STRICT)
     assert (v.action, v.target_id, v.rule) == ("review", "fee", "attribute_rival")
     assert {c.memory_id: c.reason for c in v.candidates}["limit"] == "nearer_attribute"
     # not nearer by the margin, of another kind, or about another subject: the target stands
@@ -129,55 +132,59 @@ def test_a_rival_with_a_value_of_the_changed_kind_and_a_nearer_frame_is_reviewed
         ev("limit", 0.75, 0.93, changed_kinds=frozenset({"date"}), attribute=0.9),
         ev("limit", 0.75, 0.93, changed_kinds=money, attribute=0.9, subject="disjoint"),
     ):
-        assert decide([fee, rival], STRICT).action == "replace"
-    assert decide([fee, limit], STRICT.with_overrides({"attribute_margin": 0.3})).action == (
+        assert apply_rule([fee, rival], STRICT).action == "replace"
+    assert apply_rule([fee, limit], STRICT.with_overrides({"attribute_margin": 0.3})).action == (
         "replace"
     )
 
 
 def test_key_match_candidate_is_considered_below_the_floor() -> None:
-    v = decide([ev("a", 0.45, 0.9, key_match=True)], STRICT)
+    v = apply_rule([ev("a", 0.45, 0.9, key_match=True)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")
-    assert decide([ev("a", 0.35, 0.9, key_match=True)], STRICT).action == "add"
+    assert apply_rule([ev("a", 0.35, 0.9, key_match=True)], STRICT).action == "add"
 
 
 def test_two_stored_values_of_one_attribute_are_ambiguous() -> None:
-    v = decide([ev("a", 0.93, 0.85, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT)
+    v = apply_rule(
+        [ev("a", 0.93, 0.85, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT
+    )
     assert (v.action, v.rule) == ("review", "ambiguous_target")
 
 
 def test_sibling_with_key_conflict_is_never_replaced() -> None:
-    v = decide([ev("return", 0.93, 0.999, key_conflict=True, conflict_reason="qualifier")], STRICT)
+    v = apply_rule(
+        [ev("return", 0.93, 0.999, key_conflict=True, conflict_reason="qualifier")], STRICT
+    )
     assert v.action == "add"
     assert v.candidates[0].reason.startswith("key_conflict")
 
 
 def test_key_match_lowers_the_bar() -> None:
-    plain = decide([ev("a", 0.7, 0.85)], STRICT)
-    keyed = decide([ev("a", 0.7, 0.85, key_match=True)], STRICT)
+    plain = apply_rule([ev("a", 0.7, 0.85)], STRICT)
+    keyed = apply_rule([ev("a", 0.7, 0.85, key_match=True)], STRICT)
     assert plain.action == "add"
     assert (keyed.action, keyed.rule) == ("replace", "key_match")
 
 
 def test_duplicate_is_checked_before_contradiction() -> None:
-    v = decide([ev("a", 0.97, 0.05), ev("b", 0.80, 0.99)], STRICT)
+    v = apply_rule([ev("a", 0.97, 0.05), ev("b", 0.80, 0.99)], STRICT)
     assert (v.action, v.target_id, v.rule) == ("skip", "a", "duplicate")
 
 
 def test_near_identical_but_contradicting_is_an_update_not_a_duplicate() -> None:
-    v = decide([ev("a", 0.97, 0.99)], STRICT)
+    v = apply_rule([ev("a", 0.97, 0.99)], STRICT)
     assert (v.action, v.target_id) == ("replace", "a")
 
 
 def test_duplicate_needs_mutual_entailment_when_measured() -> None:
-    one_way = decide([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.1)], STRICT)
-    both = decide([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.8)], STRICT)
+    one_way = apply_rule([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.1)], STRICT)
+    both = apply_rule([ev("a", 0.95, 0.01, entailment=0.9, reverse_entailment=0.8)], STRICT)
     assert one_way.action == "add"
     assert both.action == "skip"
 
 
 def test_two_equally_plausible_targets_go_to_review() -> None:
-    v = decide([ev("a", 0.80, 0.99), ev("b", 0.795, 0.99)], STRICT)
+    v = apply_rule([ev("a", 0.80, 0.99), ev("b", 0.795, 0.99)], STRICT)
     assert v.action == "review"
     assert v.rule == "ambiguous_target"
 
@@ -252,7 +259,7 @@ def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
 def test_seed_replaces_the_closest_confidently_contradicted_candidate_and_nothing_else() -> None:
     from engine.gate.policy import SEED
 
-    v = decide(
+    v = apply_rule(
         [
             ev("calm", 0.97, 0.10),  # closest, not contradicted
             ev("near", 0.80, 0.99),  # the closest contradicted one: the target
@@ -272,8 +279,8 @@ def test_seed_replaces_the_closest_confidently_contradicted_candidate_and_nothin
         "under": "below_floor",
     }
     # the bar is strict (> 0.95), the floor inclusive (>= 0.60)
-    assert decide([ev("a", 0.80, 0.95)], SEED).action == "add"
-    assert decide([ev("a", 0.60, 0.951)], SEED).target_id == "a"
+    assert apply_rule([ev("a", 0.80, 0.95)], SEED).action == "add"
+    assert apply_rule([ev("a", 0.60, 0.951)], SEED).target_id == "a"
 
 
 def test_seed_ignores_what_strict_weighs() -> None:
@@ -281,19 +288,19 @@ def test_seed_ignores_what_strict_weighs() -> None:
     from engine.gate.policy import SEED
 
     identical = ev("a", 0.99, 0.99, entailment=0.9, reverse_entailment=0.9)
-    assert decide([identical], SEED).action == "replace"
+    assert apply_rule([identical], SEED).action == "replace"
     one_way = ev("a", 0.9, 0.99, reverse_contradiction=0.01)
-    assert decide([one_way], STRICT).rule == "no_conflict"
-    assert decide([one_way], SEED).action == "replace"
+    assert apply_rule([one_way], STRICT).rule == "no_conflict"
+    assert apply_rule([one_way], SEED).action == "replace"
     dominated = [ev("subject", 0.86, 0.10), ev("other", 0.70, 0.99)]
-    assert decide(dominated, STRICT).rule == "dominated"
-    assert decide(dominated, SEED).target_id == "other"
+    assert apply_rule(dominated, STRICT).rule == "dominated"
+    assert apply_rule(dominated, SEED).target_id == "other"
     unproven = ev("a", 0.8, 0.99, subject="disjoint")
-    assert decide([unproven], STRICT).rule == "unproven"
-    assert decide([unproven], SEED).target_id == "a"
+    assert apply_rule([unproven], STRICT).rule == "unproven"
+    assert apply_rule([unproven], SEED).target_id == "a"
     rivals = [ev("a", 0.80, 0.99), ev("b", 0.79, 0.99)]
-    assert decide(rivals, STRICT).rule == "ambiguous_target"
-    assert decide(rivals, SEED).target_id == "a"
+    assert apply_rule(rivals, STRICT).rule == "ambiguous_target"
+    assert apply_rule(rivals, SEED).target_id == "a"
 
 
 def test_seed_equals_the_published_rule_on_random_evidence() -> None:
@@ -320,11 +327,11 @@ def test_seed_equals_the_published_rule_on_random_evidence() -> None:
             for i in range(rng.randint(0, 6))
         ]
         want = seed_rule(evidence, 0.60, 0.95)
-        v = decide(evidence, SEED)
+        v = apply_rule(evidence, SEED)
         assert (v.action, v.target_id) == (("replace", want) if want else ("add", None))
         replaced += want is not None
         queued = seed_rule(evidence, 0.45, 0.95)
-        r = decide(evidence, SEED_REVIEW)
+        r = apply_rule(evidence, SEED_REVIEW)
         assert (r.action, r.target_id) == (("review", queued) if queued else ("add", None))
     assert 300 < replaced < 1700  # both branches exercised
 
@@ -343,34 +350,36 @@ def test_time_order_is_on_in_the_named_policies_and_old_value_off() -> None:
 
 def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_check() -> None:
     dated = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later")
-    assert decide([dated], NO_SIGNALS).rule == "no_conflict"  # one way only: added without it
-    v = decide([dated], SIGNALS)
+    assert apply_rule([dated], NO_SIGNALS).rule == "no_conflict"  # one way only: added without it
+    v = apply_rule([dated], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("replace", "a", "later_dated")
     assert v.candidates[0].reason == "later_dated"
     # the bar is the matching attribute's (0.80), not lower
-    assert decide([ev("a", 0.9, 0.85, subject="shared", dated="later")], SIGNALS).action == (
+    assert apply_rule([ev("a", 0.9, 0.85, subject="shared", dated="later")], SIGNALS).action == (
         "replace"
     )
-    assert decide([ev("a", 0.9, 0.75, subject="shared", dated="later")], SIGNALS).action == "add"
+    assert (
+        apply_rule([ev("a", 0.9, 0.75, subject="shared", dated="later")], SIGNALS).action == "add"
+    )
 
 
 def test_a_dated_fact_about_another_subject_is_never_its_target() -> None:
     for subject in ("disjoint", "apart", "unknown"):
         lookalike = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject=subject, dated="later")
-        assert decide([lookalike], SIGNALS).action == "add", subject
+        assert apply_rule([lookalike], SIGNALS).action == "add", subject
     other_frame = ev(
         "a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later", attribute=0.05
     )
-    assert decide([other_frame], SIGNALS).action == "add"
+    assert apply_rule([other_frame], SIGNALS).action == "add"
 
 
 def test_an_earlier_dated_fact_arriving_late_is_added_to_history() -> None:
     older = ev("a", 0.9, 0.99, reverse_contradiction=0.99, subject="shared", dated="earlier")
-    assert decide([older], NO_SIGNALS).action == "replace"
-    v = decide([older], SIGNALS)
+    assert apply_rule([older], NO_SIGNALS).action == "replace"
+    v = apply_rule([older], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("add", None, "older_than_target")
     assert v.candidates[0].reason == "older_than_target"
-    assert decide([older], replace_review(SIGNALS)).action == "add"
+    assert apply_rule([older], replace_review(SIGNALS)).action == "add"
 
 
 def replace_review(pol: Policy) -> Policy:
@@ -381,13 +390,13 @@ def replace_review(pol: Policy) -> Policy:
 
 def test_a_change_that_names_the_memory_s_value_as_old_is_an_update() -> None:
     named = ev("a", 0.7, 0.6, reverse_contradiction=0.1, old_value=True, attribute=None)
-    assert decide([named], STRICT).action == "add"
-    v = decide([named], SIGNALS)
+    assert apply_rule([named], STRICT).action == "add"
+    v = apply_rule([named], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("replace", "a", "old_value")
-    assert decide([ev("a", 0.7, 0.4, old_value=True)], SIGNALS).action == "add"  # bar 0.50
+    assert apply_rule([ev("a", 0.7, 0.4, old_value=True)], SIGNALS).action == "add"  # bar 0.50
     for subject in ("disjoint", "apart"):  # the same old value, said of another subject
         other = ev("a", 0.7, 0.99, old_value=True, subject=subject)
-        assert decide([other], SIGNALS).action == "add", subject
+        assert apply_rule([other], SIGNALS).action == "add", subject
 
 
 def test_the_judge_neither_vetoes_nor_dequeues_a_signalled_update() -> None:
@@ -399,8 +408,8 @@ def test_the_judge_neither_vetoes_nor_dequeues_a_signalled_update() -> None:
         (strict, ev("a", 0.7, 0.9, old_value=True)),
         (review, ev("a", 0.7, 0.9, old_value=True)),
     ):
-        v = decide([ev_], pol)
+        v = apply_rule([ev_], pol)
         assert v.rule == "old_value"
         assert amended(v, {}, pol, {"a": 0.01}).action == v.action
-    plain = decide([ev("a", 0.7, 0.99)], strict)
+    plain = apply_rule([ev("a", 0.7, 0.99)], strict)
     assert amended(plain, {}, strict, {"a": 0.01}).rule == "judged_not_update"

@@ -21,8 +21,8 @@ A package in three parts: the word tables (:mod:`.vocab`), the parser that reads
 tables, no I/O.
 """
 
-from engine.gate.keys.compare import Relation, relate
+from engine.gate.keys.compare import Relation, compare_keys
 from engine.gate.keys.parse import AttributeKey, infer_key
 from engine.gate.keys.vocab import FAMILIES, Family
 
-__all__ = ["FAMILIES", "AttributeKey", "Family", "Relation", "infer_key", "relate"]
+__all__ = ["FAMILIES", "AttributeKey", "Family", "Relation", "compare_keys", "infer_key"]

@@ -17,7 +17,7 @@ from engine.gate.keys.vocab import (
     _FAMILY_ORDER,
 )
 
-__all__ = ["Relation", "relate"]
+__all__ = ["Relation", "compare_keys"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +124,14 @@ def _numbered_subjects(new_text: str, old_text: str) -> str | None:
     return f"instance:{a['kind'].lower()} {a['num']}!={b['num']}"
 
 
-def relate(
+def compare_keys(
     new_text: str, old_text: str, new_key: str | None = None, old_key: str | None = None
 ) -> Relation:
     """How the new fact relates to the stored memory: same attribute, sibling, or unknown.
 
-    >>> relate("The return flight now leaves at 18:05.", "The outbound flight leaves at 07:10.")
+    >>> compare_keys(
+    ...     "The return flight now leaves at 18:05.", "The outbound flight leaves at 07:10."
+    ... )
     Relation(key_match=False, key_conflict=True, reason='qualifier:return!=outbound')
     """
     if new_key and old_key:
