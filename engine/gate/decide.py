@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.gate.judge import VerdictJudge
+from engine.gate.names import Reason, Rule
 from engine.gate.policy import Policy
 from engine.gate.policy import apply_rule as rule
 from engine.gate.probe import Probe
@@ -61,7 +62,7 @@ def decide(
     for probe in probes:
         new_id = new_memory_id()
         if probe.fact.kind == "episodic":
-            d = Decision("add", probe.fact, None, (), policy.name, "episodic", memory_id=new_id)
+            d = Decision("add", probe.fact, None, (), policy.name, Rule.EPISODIC, memory_id=new_id)
         elif probe.fact.key is not None:
             d = _keyed(probe, policy, batch, active_by_key, new_id)
         else:
@@ -118,14 +119,21 @@ def _keyed(
     if current is None:
         batch.keyed[slot] = (new_id, fact.text)
         return Decision(
-            "add", fact, None, (), policy.name, "keyed_new", inferred_key=ikey, memory_id=new_id
+            "add", fact, None, (), policy.name, Rule.KEYED_NEW, inferred_key=ikey, memory_id=new_id
         )
-    cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, "same_key"),)
+    cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, Reason.SAME_KEY),)
     if _same_text(current[1], fact.text):
         return Decision(
-            "skip", fact, current[0], cand, policy.name, "keyed_same", inferred_key=ikey
+            "skip", fact, current[0], cand, policy.name, Rule.KEYED_SAME, inferred_key=ikey
         )
     batch.keyed[slot] = (new_id, fact.text)
     return Decision(
-        "replace", fact, current[0], cand, policy.name, "keyed", inferred_key=ikey, memory_id=new_id
+        "replace",
+        fact,
+        current[0],
+        cand,
+        policy.name,
+        Rule.KEYED,
+        inferred_key=ikey,
+        memory_id=new_id,
     )

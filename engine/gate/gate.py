@@ -28,6 +28,7 @@ from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
 from engine.gate.identify import identify
 from engine.gate.judge import VerdictJudge
+from engine.gate.names import Rule
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
 from engine.gate.ports import NLI, Embedder, Index, Store
@@ -230,7 +231,7 @@ class Gate(Generic[S, X]):
                         r.target_id,
                         (),
                         pol.name,
-                        "replayed",
+                        Rule.REPLAYED,
                         memory_id=r.memory_id,
                         review_id=r.review_id,
                         replayed=True,

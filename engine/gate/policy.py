@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from engine.errors import InvalidInput
+from engine.gate.names import Reason, Rule, Subject, confident_rule, detailed, partial_rule
 from engine.types import Action, Candidate
 
 __all__ = [
@@ -360,7 +361,8 @@ class Evidence:
     """The fact adds typed values beside the memory's and changes none of them
     (:func:`engine.gate.claims.adds_beside`): another attribute, or more detail."""
     subject: str = ""
-    """``shared``, ``disjoint`` or ``unknown`` subjects (:mod:`engine.gate.identify`)."""
+    """How the subjects relate (:class:`engine.gate.names.Subject`: shared, disjoint, apart,
+    unknown; empty when not measured), from :mod:`engine.gate.identify`."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
     dated: str = ""
@@ -374,18 +376,18 @@ class Evidence:
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``
         (``later_dated``, ``old_value``), or empty. Never for another subject."""
-        if self.subject in ("disjoint", "apart") or self.key_conflict or self.mismatch:
+        if self.subject in (Subject.DISJOINT, Subject.APART) or self.key_conflict or self.mismatch:
             return ""
         if policy.old_value and self.old_value:
-            return "old_value"
+            return Rule.OLD_VALUE
         if (
             policy.time_order
             and self.dated == "later"
-            and self.subject == "shared"
+            and self.subject == Subject.SHARED
             and self.attribute is not None
             and self.attribute >= policy.attribute_similarity
         ):
-            return "later_dated"
+            return Rule.LATER_DATED
         return ""
 
     def proven(self, policy: Policy) -> str:
@@ -393,13 +395,13 @@ class Evidence:
 
         A matching attribute key is such evidence; otherwise the subjects must not be disjoint
         and the frames must be alike."""
-        if self.subject == "apart":
+        if self.subject == Subject.APART:
             return "subject_apart"
         if self.key_match or self.signal(policy):
             return ""
         if self.beside:
             return "values_beside"
-        if self.subject == "disjoint":
+        if self.subject == Subject.DISJOINT:
             return "subject_disjoint"
         if self.attribute is None:
             return "attribute_unmeasured"
@@ -424,7 +426,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     for ev in ranked:
         floor = min(policy.floor, policy.key_match_floor) if ev.key_match else policy.floor
         if ev.similarity < floor:
-            reasons[ev.memory_id] = (False, "below_floor")
+            reasons[ev.memory_id] = (False, Reason.BELOW_FLOOR)
         else:
             above.append(ev)
 
@@ -438,28 +440,28 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
                 entailment=None if ev.entailment is None else float(ev.entailment),
                 key=ev.key,
                 passed=reasons.get(ev.memory_id, (False, ""))[0],
-                reason=reasons.get(ev.memory_id, (False, "not_reached"))[1],
+                reason=str(reasons.get(ev.memory_id, (False, Reason.NOT_REACHED))[1]),
                 attribute=None if ev.attribute is None else float(ev.attribute),
             )
             for ev in ranked
         )
-        return Verdict(action, target, rule, cands)
+        return Verdict(action, target, str(rule), cands)  # plain strings in records
 
     if not above:
-        return out("add", None, "no_candidate_above_floor")
+        return out("add", None, Rule.NO_CANDIDATE_ABOVE_FLOOR)
 
     top = above[0]
     if policy.duplicates and _is_duplicate(top, policy):
-        reasons[top.memory_id] = (False, "duplicate")
-        return out("skip", top.memory_id, "duplicate")
+        reasons[top.memory_id] = (False, Reason.DUPLICATE)
+        return out("skip", top.memory_id, Rule.DUPLICATE)
     container = next((ev for ev in above if ev.contained and not ev.key_conflict), None)
     if container is not None:
-        reasons[container.memory_id] = (False, "contains_new_fact")
-        return out("skip", container.memory_id, "contained")
+        reasons[container.memory_id] = (False, Reason.CONTAINS_NEW_FACT)
+        return out("skip", container.memory_id, Rule.CONTAINED)
     restater = next((ev for ev in above if ev.restated and not ev.key_conflict), None)
     if restater is not None:
-        reasons[restater.memory_id] = (False, "same_values")
-        return out("skip", restater.memory_id, "restated")
+        reasons[restater.memory_id] = (False, Reason.SAME_VALUES)
+        return out("skip", restater.memory_id, Rule.RESTATED)
 
     passing: list[Evidence] = []
     forward: list[Evidence] = []  # conflicting one way at least: plausible targets all the same
@@ -469,16 +471,16 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         if changed:
             bar = min(bar, policy.value_change_contradiction)
         signal = ev.signal(policy)
-        if signal == "old_value":
+        if signal == Rule.OLD_VALUE:
             bar = min(bar, policy.value_change_contradiction)
-        elif signal == "later_dated":
+        elif signal == Rule.LATER_DATED:
             bar = min(bar, policy.key_match_contradiction)
         if ev.key_conflict:
-            reasons[ev.memory_id] = (False, f"key_conflict:{ev.conflict_reason}")
+            reasons[ev.memory_id] = (False, detailed(Reason.KEY_CONFLICT, ev.conflict_reason))
         elif ev.mismatch:
-            reasons[ev.memory_id] = (False, f"mismatch:{ev.mismatch}")
+            reasons[ev.memory_id] = (False, detailed(Reason.MISMATCH, ev.mismatch))
         elif ev.contradiction is None or ev.contradiction <= bar:
-            reasons[ev.memory_id] = (False, "low_contradiction")
+            reasons[ev.memory_id] = (False, Reason.LOW_CONTRADICTION)
         elif (
             not changed
             and not signal
@@ -486,20 +488,20 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             and ev.reverse_contradiction is not None
             and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
         ):
-            reasons[ev.memory_id] = (False, "one_way_contradiction")
+            reasons[ev.memory_id] = (False, Reason.ONE_WAY_CONTRADICTION)
             forward.append(ev)
         else:
             forward.append(ev)
-            why = signal or ("key_match" if ev.key_match else "contradiction")
+            why = signal or (Rule.KEY_MATCH if ev.key_match else Rule.CONTRADICTION)
             reasons[ev.memory_id] = (True, why)
             passing.append(ev)
 
     if not passing:
-        return out("add", None, "no_conflict")
+        return out("add", None, Rule.NO_CONFLICT)
     best = passing[0]
     if policy.time_order and best.dated == "earlier":  # history arriving late: kept beside
-        reasons[best.memory_id] = (False, "older_than_target")
-        return out("add", None, "older_than_target")
+        reasons[best.memory_id] = (False, Reason.OLDER_THAN_TARGET)
+        return out("add", None, Rule.OLDER_THAN_TARGET)
     for rival in (ev for ev in forward if ev is not best):
         gap = abs(best.similarity - rival.similarity)
         margin = (
@@ -512,21 +514,21 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             and (best.attribute is None or rival.attribute > best.attribute)
         )
         if gap < margin and (best.key_match == rival.key_match or closer):
-            reasons[rival.memory_id] = (True, "ambiguous")
-            return out("review", best.memory_id, "ambiguous_target")
+            reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)
+            return out("review", best.memory_id, Rule.AMBIGUOUS_TARGET)
     for rival in (ev for ev in passing if ev is not best and ev.key_match and best.key_match):
         if rival.changed_kinds & best.changed_kinds & _CONTACT_KINDS:
-            reasons[rival.memory_id] = (True, "ambiguous")  # two stored addresses of one kind
-            return out("review", best.memory_id, "ambiguous_address")
+            reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)  # two stored addresses of one kind
+            return out("review", best.memory_id, Rule.AMBIGUOUS_ADDRESS)
     for rival in (ev for ev in above if ev is not best and not ev.key_conflict):
         if (
             best.changed_kinds & rival.changed_kinds
-            and rival.subject not in ("disjoint", "apart")
+            and rival.subject not in (Subject.DISJOINT, Subject.APART)
             and rival.attribute is not None
             and rival.attribute - (best.attribute or 0.0) >= policy.attribute_margin
         ):  # the fact changes a value of the same kind in a memory whose frame is nearer it
-            reasons[rival.memory_id] = (True, "nearer_attribute")
-            return out("review", best.memory_id, "attribute_rival")
+            reasons[rival.memory_id] = (True, Reason.NEARER_ATTRIBUTE)
+            return out("review", best.memory_id, Rule.ATTRIBUTE_RIVAL)
     closest = next((ev for ev in above if not ev.key_conflict), None)
     if (
         policy.dominance
@@ -534,24 +536,24 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         and closest is not best
         and closest.similarity - best.similarity >= policy.dominance_margin
     ):
-        reasons[best.memory_id] = (False, f"dominated_by:{closest.memory_id}")
-        return out("add", None, "dominated")
-    rule = best.signal(policy) or ("key_match" if best.key_match else "contradiction")
+        reasons[best.memory_id] = (False, detailed(Reason.DOMINATED_BY, closest.memory_id))
+        return out("add", None, Rule.DOMINATED)
+    rule = best.signal(policy) or (Rule.KEY_MATCH if best.key_match else Rule.CONTRADICTION)
     if best.partial:
-        return out("review", best.memory_id, f"partial_contradiction:{rule}")
+        return out("review", best.memory_id, partial_rule(rule))
     unproven = best.proven(policy) if policy.evidence else ""
     if policy.mode == "review":
         confident = best.key_match or best.similarity >= policy.auto_floor
         if policy.review_scope == "uncertain" and confident and not unproven:
-            return out("replace", best.memory_id, f"{rule}+confident")
+            return out("replace", best.memory_id, confident_rule(rule))
         return out("review", best.memory_id, rule)
     if unproven:
-        reasons[best.memory_id] = (False, f"unproven:{unproven}")
-        return out("add", None, "unproven")
+        reasons[best.memory_id] = (False, detailed(Reason.UNPROVEN, unproven))
+        return out("add", None, Rule.UNPROVEN)
     return out("replace", best.memory_id, rule)
 
 
-UPDATE_SIGNALS = frozenset({"later_dated", "old_value"})
+UPDATE_SIGNALS = frozenset({Rule.LATER_DATED, Rule.OLD_VALUE})
 """Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
 judge neither vetoes nor dequeues them."""
 

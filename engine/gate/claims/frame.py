@@ -16,6 +16,7 @@ from typing import Any
 from engine.gate.claims.claim import claim
 from engine.gate.claims.compare import coverage
 from engine.gate.claims.nlp import parse
+from engine.gate.names import Subject
 
 __all__ = ["frame", "shared_subject", "subject_relation"]
 
@@ -27,24 +28,25 @@ def shared_subject(a: str, b: str) -> frozenset[str]:
     return claim(a).subject & claim(b).subject
 
 
-def subject_relation(a: str, b: str) -> str:
+def subject_relation(a: str, b: str) -> Subject:
     """``shared`` (a word of one subject occurs in the other text: "the ops account has 2FA"
     and "2FA is enabled on the ops account" share it), ``disjoint`` (both name a subject, and
     neither's words occur in the other text; or both subjects have possessors, and neither's
     possessors occur in the other's subject: "Paolo's manager" and "Ingrid's manager", but not
-    "Safiya's lessons" and "Amina's daughter Safiya's lessons") or ``unknown`` (one text has no
-    subject: an instruction, a fragment)."""
+    "Safiya's lessons" and "Amina's daughter Safiya's lessons"), ``apart`` (two things of one
+    kind named on the subject side: "unit 3", "unit 4") or ``unknown`` (one text has no
+    subject: an instruction, a fragment). See :class:`engine.gate.names.Subject`."""
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
-        return "unknown"
+        return Subject.UNKNOWN
     if _named_apart(ca.subject_values, cb.subject_values):
-        return "apart"  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
+        return Subject.APART  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
-        return "disjoint"  # one attribute of two owners: Grandad's appointment, Grandma's
+        return Subject.DISJOINT  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
     if _unmatched(ca.qualifiers, wb | cb.names) and _unmatched(cb.qualifiers, wa | ca.names):
-        return "disjoint"  # the hallway thermostat, the garden office one
-    return "shared" if ca.subject & wb or cb.subject & wa else "disjoint"
+        return Subject.DISJOINT  # the hallway thermostat, the garden office one
+    return Subject.SHARED if ca.subject & wb or cb.subject & wa else Subject.DISJOINT
 
 
 def _unmatched(words: frozenset[str], pool: frozenset[str]) -> bool:

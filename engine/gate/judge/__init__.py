@@ -52,6 +52,7 @@ import numpy as np
 
 from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES, features
+from engine.gate.names import Reason, Rule, detailed
 from engine.gate.policy import UPDATE_SIGNALS, Evidence, Policy, Verdict
 
 __all__ = ["BAR_FIELDS", "FORMAT", "Judge", "VerdictJudge", "amended", "with_bars"]
@@ -209,17 +210,17 @@ def amended(
             return verdict
         if update[target] >= policy.judge_dequeue:
             return _noted(verdict, {}, {target: update[target]}, note)
-        note[target] = f"judged_not_update:{update[target]:.2f}"
+        note[target] = detailed(Reason.JUDGED_NOT_UPDATE, f"{update[target]:.2f}")
         return _noted(
-            Verdict("add", None, "judged_not_update", verdict.candidates), {}, update, note
+            Verdict("add", None, str(Rule.JUDGED_NOT_UPDATE), verdict.candidates), {}, update, note
         )
     if action == "replace":
         if not update or policy.judge_veto <= 0 or target is None or target not in update:
             return verdict  # a target the judge did not read (below the floor, not closest)
         if update[target] >= policy.judge_veto:
             return _noted(verdict, {}, {target: update[target]}, note)
-        note[target] = f"judged_not_update:{update[target]:.2f}"
-        rule = "judged_not_update"
+        note[target] = detailed(Reason.JUDGED_NOT_UPDATE, f"{update[target]:.2f}")
+        rule = str(Rule.JUDGED_NOT_UPDATE)
         if policy.mode == "review":
             action = "review"
         else:
@@ -231,16 +232,16 @@ def amended(
     if action == "add":
         best = max(duplicate, key=lambda k: duplicate[k])  # the first of equals: most similar
         if duplicate[best] >= policy.judge_duplicate:
-            action, target, rule = "skip", best, "judged_duplicate"
-            note[best] = f"judged_duplicate:{duplicate[best]:.2f}"
+            action, target, rule = "skip", best, str(Rule.JUDGED_DUPLICATE)
+            note[best] = detailed(Reason.JUDGED_DUPLICATE, f"{duplicate[best]:.2f}")
         elif queue:
             likely = max(queue, key=lambda k: queue[k])
             if queue[likely] >= policy.judge_queue:
-                action, target, rule = "review", likely, "judged_update"
-                note[likely] = f"judged_update:{queue[likely]:.2f}"
+                action, target, rule = "review", likely, str(Rule.JUDGED_UPDATE)
+                note[likely] = detailed(Reason.JUDGED_UPDATE, f"{queue[likely]:.2f}")
     elif target is not None and target in duplicate and duplicate[target] < policy.judge_keep:
-        note[target] = f"judged_new:{duplicate[target]:.2f}"
-        action, target, rule = "add", None, "judged_new"
+        note[target] = detailed(Reason.JUDGED_NEW, f"{duplicate[target]:.2f}")
+        action, target, rule = "add", None, str(Rule.JUDGED_NEW)
     return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, queue or {}, note)
 
 

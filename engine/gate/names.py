@@ -1,0 +1,142 @@
+"""The gate's closed vocabularies: the rule a decision reports, the reason a candidate reports,
+and how two texts' subjects relate. One place, so the docs, the stored score records and the
+code cannot drift apart (``tests/unit/test_gate_names.py`` checks that every name the gate
+produces is a member, and that docs/gate.md lists every rule).
+
+They are ``StrEnum``: a member *is* its string, so stored records, JSON and protobuf fields
+carry the plain name (``"contradiction"``), as they always have. Some reasons carry a detail
+after a colon (``key_conflict:qualifier:return!=outbound``, ``unproven:subject_disjoint``) and
+two rules are composed (``partial_contradiction:key_match``, ``contradiction+confident``);
+:func:`partial_rule` and :func:`confident_rule` build those.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Reason", "Rule", "Subject", "confident_rule", "detailed", "partial_rule"]
+
+
+class Rule(StrEnum):
+    """Why a fact was decided as it was (``Decision.rule``)."""
+
+    # -- no model: episodes, keyed facts, replays
+    EPISODIC = "episodic"
+    """An episode: appended, never a candidate."""
+    KEYED = "keyed"
+    """A keyed fact replaced the active memory with its key."""
+    KEYED_NEW = "keyed_new"
+    """A keyed fact whose key holds no active memory: added."""
+    KEYED_SAME = "keyed_same"
+    """A keyed fact repeating its key's memory word for word: skipped."""
+    REPLAYED = "replayed"
+    """An idempotency key seen before: the recorded result, decided nothing."""
+    # -- free text: the policy's rule (engine.gate.policy.apply_rule)
+    NO_CANDIDATE_ABOVE_FLOOR = "no_candidate_above_floor"
+    """No memory reached the similarity floor: added."""
+    DUPLICATE = "duplicate"
+    """The closest memory is near-identical and not contradicted: skipped."""
+    CONTAINED = "contained"
+    """A memory already says every content word of the fact: skipped."""
+    RESTATED = "restated"
+    """A memory holds the fact's values in another format: skipped."""
+    NO_CONFLICT = "no_conflict"
+    """Candidates above the floor, none passing: added."""
+    OLDER_THAN_TARGET = "older_than_target"
+    """The fact is dated before its target: added to history, never replacing."""
+    AMBIGUOUS_TARGET = "ambiguous_target"
+    """Two passing candidates about as similar: review."""
+    AMBIGUOUS_ADDRESS = "ambiguous_address"
+    """Two stored contact values of one attribute: review."""
+    ATTRIBUTE_RIVAL = "attribute_rival"
+    """A memory whose frame is nearer the fact holds a value of the kind it changes: review."""
+    DOMINATED = "dominated"
+    """A much more similar memory that the fact does not contradict: added."""
+    UNPROVEN = "unproven"
+    """Strict, without positive evidence of the same attribute of the same subject: added."""
+    CONTRADICTION = "contradiction"
+    """The target passed on contradiction: replaced (strict) or queued (review)."""
+    KEY_MATCH = "key_match"
+    """The target passed with a matching attribute key."""
+    LATER_DATED = "later_dated"
+    """The fact is dated after its target, same subject and attribute: an update."""
+    OLD_VALUE = "old_value"
+    """The fact names the target's value as its old one ("changed from A to B")."""
+    PARTIAL_CONTRADICTION = "partial_contradiction"
+    """The target packs several claims of which the fact changes some: review (composed with the
+    passing rule by :func:`partial_rule`)."""
+    # -- the judge (engine.gate.judge)
+    JUDGED_NOT_UPDATE = "judged_not_update"
+    """The judge doubts the rule's target is being replaced: added (strict) or queued."""
+    JUDGED_DUPLICATE = "judged_duplicate"
+    """The judge calls a candidate a restatement: skipped."""
+    JUDGED_NEW = "judged_new"
+    """The judge overturns the rule's skip: added."""
+    JUDGED_UPDATE = "judged_update"
+    """The judge calls a candidate the fact's predecessor: queued (review policies)."""
+
+
+UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.KEY_MATCH, Rule.LATER_DATED, Rule.OLD_VALUE})
+"""The rules under which a candidate passes as the fact's target."""
+
+
+class Reason(StrEnum):
+    """Why a candidate passed or not (``Candidate.reason``; some carry a detail after ``:``)."""
+
+    BELOW_FLOOR = "below_floor"
+    NOT_REACHED = "not_reached"
+    """The decision was made before this candidate was weighed."""
+    DUPLICATE = "duplicate"
+    CONTAINS_NEW_FACT = "contains_new_fact"
+    SAME_VALUES = "same_values"
+    SAME_KEY = "same_key"
+    KEY_CONFLICT = "key_conflict"
+    """A sibling (detail: which qualifier, person or instance differs)."""
+    MISMATCH = "mismatch"
+    """About something else (detail: ``other_subject`` or ``other_instance``)."""
+    LOW_CONTRADICTION = "low_contradiction"
+    ONE_WAY_CONTRADICTION = "one_way_contradiction"
+    CONTRADICTION = "contradiction"
+    KEY_MATCH = "key_match"
+    LATER_DATED = "later_dated"
+    OLD_VALUE = "old_value"
+    OLDER_THAN_TARGET = "older_than_target"
+    AMBIGUOUS = "ambiguous"
+    NEARER_ATTRIBUTE = "nearer_attribute"
+    DOMINATED_BY = "dominated_by"
+    """Detail: the more similar memory's id."""
+    UNPROVEN = "unproven"
+    """Detail: the missing evidence (``subject_disjoint``, ``attribute:0.05<0.10``...)."""
+    JUDGED_NOT_UPDATE = "judged_not_update"
+    JUDGED_DUPLICATE = "judged_duplicate"
+    JUDGED_NEW = "judged_new"
+    JUDGED_UPDATE = "judged_update"
+    """The judge's probability follows as the detail."""
+
+
+class Subject(StrEnum):
+    """How the subjects of a fact and a memory relate (:mod:`engine.gate.identify`)."""
+
+    SHARED = "shared"
+    """A word of one subject occurs in the other text."""
+    DISJOINT = "disjoint"
+    """Both name a subject and neither's occurs in the other (or their owners differ)."""
+    APART = "apart"
+    """Two things of one kind named on the subject side: "Hive 2" and "Hive 4"."""
+    UNKNOWN = "unknown"
+    """One text names no subject (an instruction, a fragment)."""
+
+
+def detailed(reason: Reason, detail: object) -> str:
+    """``reason:detail``, as a candidate reports it."""
+    return f"{reason}:{detail}"
+
+
+def partial_rule(rule: str) -> str:
+    """The rule of a partial contradiction found by ``rule``."""
+    return f"{Rule.PARTIAL_CONTRADICTION}:{rule}"
+
+
+def confident_rule(rule: str) -> str:
+    """The rule of a conflict review-uncertain replaced unattended."""
+    return f"{rule}+confident"
