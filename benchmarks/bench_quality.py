@@ -11,7 +11,7 @@ on the first set (the one the thresholds may be tuned on), then the chosen setti
 other set. The CV estimate is reported beside the held-out figures, so the optimism of the
 in-sample figures shows.
 
-    python benchmarks/bench_quality.py                     # dev + heldout (+ heldout-2 to -16)
+    python benchmarks/bench_quality.py                     # heldout (+ heldout-2 to -16)
     python benchmarks/bench_quality.py --cases FILE.jsonl  # another first set
     python benchmarks/bench_quality.py --sets none         # the first set only
     python benchmarks/bench_quality.py --fit none          # no fitted setting
@@ -37,14 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, add_common_args, pyplot, run_header, table, write_json  # noqa: E402
 
-SHARED_EVAL = next(
-    (
-        p
-        for p in (ROOT.parent / "shared" / "eval", ROOT.parent.parent / "shared" / "eval")
-        if p.is_dir()
-    ),
-    ROOT.parent / "shared" / "eval",
-)  # next to the checkout (a git worktree sits one level deeper)
 DATA = ROOT / "benchmarks" / "data"
 HELDOUT_SETS = {
     "heldout": DATA / "heldout.jsonl",
@@ -145,7 +137,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_args(parser)
-    parser.add_argument("--cases", type=Path, default=SHARED_EVAL / "dev.jsonl", help="first set")
+    parser.add_argument(
+        "--cases", type=Path, default=DATA / "heldout.jsonl", help="first set (default: heldout)"
+    )
     parser.add_argument(
         "--sets",
         nargs="*",
@@ -168,7 +162,7 @@ def main() -> int:
         help="pickles of model scores written by benchmarks/ablate.py --memo (read only): "
         "pairs and texts found there are not scored again",
     )
-    parser.add_argument("--scorer", type=Path, help="shared score.py to cross-check against")
+    parser.add_argument("--scorer", type=Path, help="another score.py to cross-check against")
     parser.add_argument(
         "--configs", nargs="*", default=list(CONFIGS), help="subset of configurations"
     )

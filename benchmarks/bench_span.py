@@ -2,7 +2,7 @@
 cache against the same graph widened back to the full ``2 x 256`` position rows (the graph the
 pipeline published before ``engine.pipeline.span``), in one process, interleaved rounds.
 
-The pairs are the dev set's (memory, fact) pairs (``../shared/eval/dev.jsonl``; synthetic ones
+The pairs are a labelled set's (memory, fact) pairs (``benchmarks/data/heldout.jsonl``; synthetic ones
 when it is absent), length-sorted and cut into batches of 1, 8 and 32, each padded to its own
 longest: the engine's batching. Both arms score the same batches; the logits must agree
 (printed: max |delta|), and each point is the median of the per-round ratios [min-max].
@@ -38,7 +38,7 @@ from engine.pipeline.span import PREFIX  # noqa: E402
 
 MODELS = (("aegis-nli", "int8"), ("nli-deberta-v3-small", "int8"), ("nli-deberta-v3-small", "fp32"))
 SIZES = (1, 8, 32)
-DEV = Path(__file__).resolve().parents[2] / "shared" / "eval" / "dev.jsonl"
+DEV = Path(__file__).resolve().parents[1] / "data" / "heldout.jsonl"
 
 
 def widen(model_in: Path, model_out: Path) -> int:
