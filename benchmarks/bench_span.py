@@ -4,8 +4,9 @@ pipeline published before ``engine.pipeline.span``), in one process, interleaved
 
 The pairs are a labelled set's (memory, fact) pairs (``benchmarks/data/heldout.jsonl``;
 synthetic ones when it is absent), length-sorted and cut into batches of 1, 8 and 32, each
-padded to its own longest: the engine's batching. Both arms score the same batches; the logits must agree
-(printed: max |delta|), and each point is the median of the per-round ratios [min-max].
+padded to its own longest: the engine's batching. Both arms score the same batches; the logits
+must agree (printed: max |delta|), and each point is the median of the per-round ratios
+[min-max].
 
     python benchmarks/bench_span.py --cache-dir $MEMGATE_HOME           # 5 rounds of 0.6 s
     python benchmarks/bench_span.py --quick                             # 3 rounds of 0.4 s
