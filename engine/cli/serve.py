@@ -62,6 +62,34 @@ def register(sub: Any) -> None:
     p.add_argument("--backfill-window", type=int, default=256)
     p.add_argument("--io-threads", type=int, default=4)
     p.add_argument(
+        "--lanes",
+        type=int,
+        default=8,
+        help="batches of different namespaces decided and committed at once, 1-256 (a "
+        "namespace waiting on a lock holds up no other)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a write waits for a namespace locked by another writer (another replica; "
+        "SQLite: another process) before UNAVAILABLE naming the namespace, 0.01-3600",
+    )
+    p.add_argument(
+        "--lock-hold-timeout",
+        type=float,
+        default=30.0,
+        help="PostgreSQL: seconds a lock-holding transaction may sit idle before the database "
+        "ends it (a frozen or cut-off replica loses its namespaces), 1-86400",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="health turns NOT_SERVING when queued work waits this long on the model thread "
+        "without a forward finishing, 0.1-3600",
+    )
+    p.add_argument(
         "--exact-tokens",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -84,6 +112,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
     from engine.server.server import ServerSettings
+    from engine.store import StoreSettings
 
     if not 1 <= args.max_text_bytes <= 1_000_000:
         usage_error(PROG, "--max-text-bytes must be in [1, 1000000]")
@@ -105,6 +134,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         ),
         backfill_window=args.backfill_window,
         io_threads=args.io_threads,
+        lanes=args.lanes,
+        stall_s=args.stall_timeout,
         grace_s=args.grace,
         reflection=args.reflection,
         metrics_port=args.metrics_port,
@@ -115,7 +146,18 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     )
     # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
     # at most N characters), so --max-text-bytes is the only limit a client can meet.
-    engine = engine_settings(args, gate=GateSettings(max_text_chars=args.max_text_bytes))
+    if not 0.01 <= args.lock_timeout <= 3600:
+        usage_error(PROG, "--lock-timeout must be in [0.01, 3600] seconds")
+    if not 1 <= args.lock_hold_timeout <= 86400:
+        usage_error(PROG, "--lock-hold-timeout must be in [1, 86400] seconds")
+    store = StoreSettings(
+        lock_timeout_s=args.lock_timeout,
+        lock_hold_s=args.lock_hold_timeout,
+        busy_timeout_ms=int(args.lock_timeout * 1000),
+    )
+    engine = engine_settings(
+        args, gate=GateSettings(max_text_chars=args.max_text_bytes), store=store
+    )
     return engine, server, tokens
 
 

@@ -21,6 +21,7 @@ from engine.errors import (
     InvalidInput,
     MemgateError,
     ModelError,
+    NamespaceBusy,
     NotFound,
     Overloaded,
     PermissionDenied,
@@ -52,6 +53,7 @@ STATUS_TABLE: dict[type[MemgateError], Rule] = {
     Overloaded: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED),
     DeadlineExceeded: Rule(grpc.StatusCode.DEADLINE_EXCEEDED),
     Unavailable: Rule(grpc.StatusCode.UNAVAILABLE),
+    NamespaceBusy: Rule(grpc.StatusCode.UNAVAILABLE),
     StorageFull: Rule(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         False,

@@ -73,8 +73,23 @@ class StoreSettings:
     """Most writes one ``commit`` call may carry (one transaction)."""
     max_db_bytes: int | None = None
     """Cap on the database file size; writes beyond it fail with ``StorageFull``. None: no cap."""
+    lock_timeout_s: float = 5.0
+    """How long a write waits for a namespace's lock held by another writer (another replica's
+    PostgreSQL transaction) before it fails with ``NamespaceBusy`` (UNAVAILABLE, retryable,
+    naming the namespace). A few seconds: a caller retries elsewhere or later instead of
+    spending its deadline, and the wait holds up only that namespace (``--lock-timeout``).
+    SQLite's own wait on its file lock is ``busy_timeout_ms``."""
+    lock_hold_s: float = 30.0
+    """Longest a transaction holding namespace locks may sit idle between two statements
+    (PostgreSQL's ``idle_in_transaction_session_timeout``): a replica frozen or cut off while
+    it holds a namespace loses the lock after this long. Longer than one model call of a full
+    batch, which runs between the decision's reads and its commit (``--lock-hold-timeout``)."""
 
     def __post_init__(self) -> None:
+        if not 0.01 <= self.lock_timeout_s <= 3600:
+            raise InvalidInput(f"lock_timeout_s must be in [0.01, 3600], got {self.lock_timeout_s}")
+        if not 1.0 <= self.lock_hold_s <= 86400:
+            raise InvalidInput(f"lock_hold_s must be in [1, 86400], got {self.lock_hold_s}")
         if not 0 <= self.busy_timeout_ms <= 600_000:
             raise InvalidInput(
                 f"busy_timeout_ms must be in [0, 600000], got {self.busy_timeout_ms}"

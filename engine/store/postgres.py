@@ -11,6 +11,12 @@ erasure. What differs is what sharing needs:
   transaction is opened before the gate reads anything and the commit is written into it, so
   no other replica can change the namespace between what a decision saw and what it commits.
   A connection lost in between aborts the transaction and releases the lock: nothing half-done.
+* **Lock waits and holds are bounded.** A writer waits at most ``StoreSettings.lock_timeout_s``
+  for a namespace held elsewhere (PostgreSQL's ``lock_timeout``), then fails with
+  ``NamespaceBusy`` naming it (UNAVAILABLE, retryable). A holder that stops talking loses the
+  lock: ``idle_in_transaction_session_timeout`` (``StoreSettings.lock_hold_s``) ends the
+  session of a frozen replica, and TCP keepalives on both ends (libpq's ``keepalives_*``, the
+  server's ``tcp_keepalives_*``) end one cut off by the network.
 * **The event log has a per-namespace sequence**: ``namespaces.seq`` is incremented in the
   same statement that writes an event, under the namespace lock, so a namespace's events are
   committed in ``seq`` order and a reader that has seen ``seq`` never misses an earlier event.
@@ -46,6 +52,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from engine.errors import (
     InvalidInput,
     MemgateError,
+    NamespaceBusy,
     StorageError,
     StorageFull,
     StoreUnreachable,
@@ -174,9 +181,17 @@ class PostgresSettings:
     ``StoreUnreachable`` (short: a lost database must answer UNAVAILABLE within a client's
     deadline, not hang it). Failed reconnections are retried for as long, then afresh by the
     next call, so the store reconnects within about this long once the database is back."""
-    lock_timeout_s: float = 60.0
+    lock_timeout_s: float | None = None
     """How long a writer waits for another replica's lock on a namespace before giving up
-    with ``Unavailable`` (a retry can succeed)."""
+    with ``NamespaceBusy`` (a retry can succeed). None: ``StoreSettings.lock_timeout_s``."""
+    keepalive_idle_s: int = 5
+    """TCP keepalives, both ends: seconds of silence before the first probe..."""
+    keepalive_interval_s: int = 2
+    """...seconds between probes..."""
+    keepalive_count: int = 3
+    """...and unanswered probes before the connection is dropped (a lost peer is noticed in
+    about ``idle + interval x count`` seconds; the server then ends the session and frees its
+    locks)."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.pool_size <= 1000:
@@ -187,8 +202,12 @@ class PostgresSettings:
             )
         if not 0.1 <= self.wait_s <= 600:
             raise InvalidInput(f"wait_s must be in [0.1, 600], got {self.wait_s}")
-        if not 0.01 <= self.lock_timeout_s <= 3600:
+        if self.lock_timeout_s is not None and not 0.01 <= self.lock_timeout_s <= 3600:
             raise InvalidInput(f"lock_timeout_s must be in [0.01, 3600], got {self.lock_timeout_s}")
+        for name in ("keepalive_idle_s", "keepalive_interval_s", "keepalive_count"):
+            value = getattr(self, name)
+            if not 1 <= value <= 3600:
+                raise InvalidInput(f"{name} must be in [1, 3600], got {value}")
 
 
 def namespace_key(namespace: str) -> int:
@@ -266,7 +285,16 @@ class PostgresStore(SQLStore):
         self._local = threading.local()
         self._closed = False
         self._first_contact(dsn)
-        lock_ms = int(pg.lock_timeout_s * 1000)
+        lock_s = settings.lock_timeout_s if pg.lock_timeout_s is None else pg.lock_timeout_s
+        self._lock_timeout_s = lock_s
+        lock_ms = max(1, int(lock_s * 1000))
+        hold_ms = max(1000, int(settings.lock_hold_s * 1000))
+        ka = (pg.keepalive_idle_s, pg.keepalive_interval_s, pg.keepalive_count)
+        options = (
+            f"-c lock_timeout={lock_ms} -c idle_in_transaction_session_timeout={hold_ms} "
+            f"-c tcp_keepalives_idle={ka[0]} -c tcp_keepalives_interval={ka[1]} "
+            f"-c tcp_keepalives_count={ka[2]}"
+        )
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             dsn,
             min_size=1,
@@ -275,7 +303,11 @@ class PostgresStore(SQLStore):
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(1, int(pg.connect_timeout_s)),
-                "options": f"-c lock_timeout={lock_ms}",
+                "options": options,
+                "keepalives": 1,
+                "keepalives_idle": ka[0],
+                "keepalives_interval": ka[1],
+                "keepalives_count": ka[2],
             },
             check=ConnectionPool.check_connection,
             timeout=pg.wait_s,
@@ -391,16 +423,26 @@ class PostgresStore(SQLStore):
         with self._errors(what), self._pool.connection() as conn:
             yield Session(conn, DIALECT)
 
-    @staticmethod
-    def _lock(conn: psycopg.Connection[Any], namespaces: Iterable[str]) -> None:
-        """Begin a transaction holding the advisory lock of each namespace, in sorted order."""
+    def _lock(self, conn: psycopg.Connection[Any], namespaces: Iterable[str]) -> None:
+        """Begin a transaction holding the advisory lock of each namespace, in sorted order;
+        ``NamespaceBusy`` naming them when one stays held elsewhere past the lock timeout."""
         conn.execute("BEGIN")
-        keys = sorted({namespace_key(ns) for ns in namespaces})
-        if keys:
+        names = sorted(set(namespaces))
+        keys = sorted({namespace_key(ns) for ns in names})
+        if not keys:
+            return
+        try:
             conn.execute(
                 "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k ORDER BY k",
                 (keys,),
             )
+        except pgerrors.LockNotAvailable:
+            _rollback(conn)
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            raise NamespaceBusy(
+                f"namespace {shown} is locked by another writer (another replica) for more "
+                f"than the lock timeout ({self._lock_timeout_s:g} s); nothing was written, retry"
+            ) from None
 
     @contextmanager
     def _transaction(self, what: str, namespaces: Iterable[str]) -> Iterator[Session]:
