@@ -232,6 +232,13 @@ def _translate(exc: BaseException, what: str, where: str) -> MemgateError:
         return StorageFull(f"{what}: the database server's disk is full")
     if isinstance(exc, pgerrors.LockNotAvailable | pgerrors.QueryCanceled):
         return Unavailable(f"{what}: the namespace is locked by another writer; retry")
+    if isinstance(exc, pgerrors.IdleInTransactionSessionTimeout):
+        # This replica sat on its namespaces past the hold bound (frozen, cut off): the
+        # database ended the session and freed the locks; nothing of it was committed.
+        return StoreUnreachable(
+            f"{what}: the database ended this transaction after it held its namespaces idle "
+            "past the lock-hold bound; nothing was committed, retry"
+        )
     if isinstance(exc, pgerrors.TransactionRollback):
         return Unavailable(f"{what}: the transaction was rolled back by the database; retry")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
