@@ -383,7 +383,7 @@ def test_a_replica_frozen_holding_a_namespace_stalls_only_that_namespace(
             # The frozen holder loses the lock within the hold bound: HOT is writable again
             # while P is still frozen.
             after: list[str] = []
-            for attempt in range(60):
+            for _ in range(60):
                 after.append(
                     write(client, Fact(HOT, "Q plan v1", key="plan", idempotency_key="q-hot-1"))
                 )
@@ -405,11 +405,9 @@ def test_a_replica_frozen_holding_a_namespace_stalls_only_that_namespace(
         p.kill()
         q.kill()
 
+    names = [HOT, *(f"frozen/other{i}" for i in range(4)), "frozen/keyed0", "frozen/keyed1"]
     with open_store(pg_dsn) as store:
-        memories = {
-            ns: stored(store, ns)
-            for ns in [HOT, *(f"frozen/other{i}" for i in range(4)), "frozen/keyed0", "frozen/keyed1"]
-        }
+        memories = {ns: stored(store, ns) for ns in names}
     by_id = {m.id: m for ms in memories.values() for m in ms}
     lost = [t for t, i in acked.items() if i not in by_id or by_id[i].text != t]
     faults = {ns: chain_faults(ms) for ns, ms in memories.items()}
