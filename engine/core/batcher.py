@@ -212,9 +212,9 @@ class Batcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         while self._dead is None:
             now = loop.time()
-            if len(self._running) >= self._lanes:
-                batch, dropped = None, []
-            else:
+            batch: Batch[_Job[P, R]] | None = None
+            dropped: list[Entry[_Job[P, R]]] = []
+            if len(self._running) < self._lanes:
                 batch, dropped = self._queue.take(now, flush=self._closing)
             for entry in dropped:
                 if not entry.payload.future.done():
