@@ -205,8 +205,9 @@ class ModelDone:
     decisions: tuple[Decision, ...] = ()
     hits: tuple[tuple[Memory, float], ...] = ()
     forward_s: float | None = None
-    """The batch's seconds on the model thread (its forwards), for the admission estimate;
-    None for a gate whose models do not run on the stage (its wall time counts instead)."""
+    """The batch's work for the admission estimate: its forwards' seconds on the model thread
+    plus its lane's CPU seconds, never its waits; None for a gate whose models do not run on
+    the stage (its wall time counts instead)."""
 
 
 def run_model_batch(
@@ -343,8 +344,8 @@ class Engine:
 
     @property
     def seconds_per_fact(self) -> float | None:
-        """Measured model seconds per fact (moving average of forward time only: lock and
-        store waits are not work); None before the warm-up or the first batch."""
+        """Measured seconds of work per fact (moving average of forward time plus the lanes'
+        CPU: lock and store waits are not work); None before the warm-up or the first batch."""
         return self.batcher.seconds_per_fact
 
     @property
@@ -357,10 +358,14 @@ class Engine:
     ) -> list[ModelDone | BaseException]:
         """One batch on a lane: the gate's steps here, its forwards on the model thread."""
         assert isinstance(group, _Keyed)
+        cpu0 = time.thread_time()
         with self.stage.charged() as charge:
             out = run_model_batch(self.gate, group.group, works)
-        forward = charge.seconds if self.stage.forwards else None
-        return [replace(r, forward_s=forward) if isinstance(r, ModelDone) else r for r in out]
+        # Work = the forwards' time on the model thread + the lane's own CPU (parse, search,
+        # SQL encoding). Waits (a namespace lock, store round-trips, fsync, the model thread's
+        # queue) use no CPU here and are not work: they do not slow other namespaces.
+        work = charge.seconds + (time.thread_time() - cpu0) if self.stage.forwards else None
+        return [replace(r, forward_s=work) if isinstance(r, ModelDone) else r for r in out]
 
     async def warm_up(self) -> float | None:
         """Run one batch through every model before serving (a cold first call costs many

@@ -258,7 +258,10 @@ def test_the_rate_estimate_counts_model_time_not_lock_waits() -> None:
         finally:
             await eng.close()
 
-    assert asyncio.run(main()) == pytest.approx(0.01)
+    per_fact = asyncio.run(main())
+    # 0.01 s of forwards per fact, plus the lane's CPU (microseconds): the 0.05 s lock wait
+    # per call (0.0125 s per fact) is not in it.
+    assert per_fact is not None and 0.01 <= per_fact < 0.01 + 0.0125 / 2
 
 
 def test_warm_up_primes_admission_so_a_fresh_engine_admits_a_large_write() -> None:
