@@ -46,6 +46,10 @@ class EngineSettings:
     judge: bool = True
     """Load the judge fitted for the served models (``memgate models judge``) when
     the cache holds one; without it the gate's rule decides alone."""
+    nli_sub_batch: int | None = None
+    """Pairs per NLI forward pass: None measures the fastest size on this machine once and
+    keeps it next to the NLI manifest (``engine.runtime.tuning``); a number overrides it
+    (``--nli-sub-batch``)."""
     snapshots: bool = True
     """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads
     them (verified, reconciled) instead of rebuilding; ``IndexSettings.snapshot_min_vectors``
@@ -164,6 +168,10 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
     )
     embedder.warmup()
     nli.warmup()
+    from engine.runtime.tuning import tune_nli
+
+    sub_batch = tune_nli(nli, settings.nli_sub_batch)
+    log.info("NLI sub-batch: %d pairs per forward pass", sub_batch)
     path = db_path or Path(settings.data_dir) / "memgate.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     # A postgresql:// DSN (settings.store_spec) is shared by replicas: indexes follow its log.
