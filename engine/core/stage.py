@@ -5,7 +5,7 @@
     lane thread (one batch of one namespace set: parse, SQL, lock wait, decide, commit)
         -> Staged.embed / Staged.score
              preprocess (tokenise)          on the lane
-             forward                        on the model thread, in arrival order
+             forward, pass by pass          on the model thread, in arrival order
              postprocess (pool, softmax)    on the lane
 
 The lanes (:class:`~engine.core.batcher.Batcher`) run the gate's steps for different namespaces
@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import is_dataclass, replace
 from typing import Any, TypeVar
 
 __all__ = ["ModelStage", "Staged"]
@@ -147,8 +148,24 @@ class Staged:
             return getattr(self._model, whole)(items)
         if not self._split:
             return self._stage.run(getattr(self._model, whole), items)
-        prepared = self._model.preprocess(items)
-        outputs = self._stage.run(self._model.forward, prepared)
+        prepared: Any = self._model.preprocess(items)
+        buckets = getattr(prepared, "buckets", None)
+        split = is_dataclass(prepared) and not isinstance(prepared, type)
+        if not split or not isinstance(buckets, list) or len(buckets) < 2:
+            return self._model.postprocess(self._stage.run(self._model.forward, prepared), prepared)
+        # One forward pass (bucket) per trip to the model thread: a large call cannot hold the
+        # model for its whole length while another lane's small call waits, and every pass
+        # counts as progress. The last pass carries the call's stats, so the runtime's totals
+        # still add up once per call.
+        outputs: list[Any] = []
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1
+            stats = prepared.stats if last else type(prepared.stats)()
+            outputs.extend(
+                self._stage.run(
+                    self._model.forward, replace(prepared, buckets=[bucket], stats=stats)
+                )
+            )
         return self._model.postprocess(outputs, prepared)
 
     def embed(self, texts: Sequence[str]) -> Any:

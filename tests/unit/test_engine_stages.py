@@ -301,3 +301,56 @@ def test_lanes_and_stall_are_range_checked() -> None:
 
 def test_namespace_busy_is_a_retryable_unavailable() -> None:
     assert issubclass(NamespaceBusy, Unavailable)
+
+
+@dataclass
+class _Stats:
+    forward_s: float = 0.0
+    items: int = 0
+
+
+@dataclass
+class _Prepared:
+    n: int
+    buckets: list[list[str]]
+    stats: _Stats = field(default_factory=_Stats)
+
+
+class BucketModel:
+    """A runtime whose calls are cut into buckets of two; every forward pass is recorded."""
+
+    def __init__(self) -> None:
+        self.passes: list[list[str]] = []
+        self.totals: list[_Stats] = []
+
+    def preprocess(self, items: Sequence[str]) -> _Prepared:
+        items = list(items)
+        buckets = [items[i : i + 2] for i in range(0, len(items), 2)]
+        return _Prepared(len(items), buckets, _Stats(items=len(items)))
+
+    def forward(self, prepared: _Prepared) -> list[list[str]]:
+        self.passes.append([x for b in prepared.buckets for x in b])
+        prepared.stats.forward_s = 0.25 * len(prepared.buckets)
+        self.totals.append(prepared.stats)
+        return [[x.upper() for x in b] for b in prepared.buckets]
+
+    def postprocess(self, outputs: list[list[str]], prepared: _Prepared) -> list[str]:
+        return [x for out in outputs for x in out]
+
+    def embed(self, texts: Sequence[str]) -> list[str]:
+        p = self.preprocess(texts)
+        return self.postprocess(self.forward(p), p)
+
+
+def test_a_call_goes_to_the_model_thread_one_pass_at_a_time() -> None:
+    stage = ModelStage()
+    model = BucketModel()
+    try:
+        out = Staged(model, stage).embed(["a", "b", "c", "d", "e"])
+    finally:
+        stage.close()
+    assert out == ["A", "B", "C", "D", "E"]
+    assert model.passes == [["a", "b"], ["c", "d"], ["e"]] and stage.forwards == 3
+    # The call's stats reach the runtime's totals once, with every pass's time.
+    assert sum(t.items for t in model.totals) == 5
+    assert sum(t.forward_s for t in model.totals) == pytest.approx(0.75)

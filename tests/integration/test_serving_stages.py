@@ -78,3 +78,26 @@ def test_health_is_not_serving_while_the_model_stage_is_stuck(
     finally:
         release.set()
         st.stop(grace=0)
+
+
+def test_staged_models_score_exactly_as_the_runtimes_do(models: tuple[Any, Any]) -> None:
+    from engine.core.stage import ModelStage
+
+    embedder, nli = models
+    pairs = [
+        (f"The user owns {i} cats and a dog.", f"The user owns {i % 3} cats.") for i in range(40)
+    ]
+    texts = [p[0] for p in pairs]
+    stage = ModelStage()
+    before = nli.max_batch
+    try:
+        nli.max_batch = 8  # five forward passes, each its own trip to the model thread
+        staged = Staged(nli, stage).score(pairs)
+        direct = nli.score(pairs)
+        vecs = Staged(embedder, stage).embed(texts)
+    finally:
+        nli.max_batch = before
+        stage.close()
+    assert (staged == direct).all()
+    assert (vecs == embedder.embed(texts)).all()
+    assert stage.forwards >= 6
