@@ -117,10 +117,11 @@ WARM_TEXTS = 8
 """Texts in the warm-up's embedder batch."""
 WARM_PAIRS = 32
 """Pairs in the warm-up's NLI batch (the call size ``bench_runtime`` measures)."""
-PAIRS_PER_FACT = 8
-"""NLI pairs a fact is assumed to cost until real batches are measured (a policy sends at most
-``top_k`` = 20; most facts send far fewer). Pessimistic on purpose: the first real batches
-replace it within a few calls (a moving average)."""
+PAIRS_PER_FACT = 4
+"""NLI pairs a fact is assumed to cost until real batches are measured: about the mean that
+``bench_grpc`` measures on memory-like data (3.95 pairs a fact; a policy sends at most
+``top_k`` = 20, a fact of an empty namespace none). The first real batches replace it within a
+few calls (a moving average)."""
 
 
 def warm_models(embedder: Any, nli: Any) -> float:

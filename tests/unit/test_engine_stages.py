@@ -84,32 +84,37 @@ class FakeClock:
 
 
 class SplitModel:
-    """A runtime with preprocess / forward / postprocess; its forward advances the fake clock
-    by ``cost`` per item and can be held."""
+    """A runtime with tokenize / bucket / forward / postprocess; its forward advances the fake
+    clock by ``cost`` per item and can be held. Records the thread of every step."""
 
     def __init__(self, clock: FakeClock, cost: float) -> None:
         self.clock = clock
         self.cost = cost
         self.threads: Counter[str] = Counter()
+        self.calls: list[list[str]] = []
         self.hold = threading.Event()
         self.hold.set()
         self.dim = 2
 
-    def preprocess(self, items: Sequence[str]) -> list[str]:
-        self.threads["pre:" + threading.current_thread().name.split("_")[0]] += 1
-        return list(items)
+    def tokenize(self, items: Sequence[str]) -> tuple[list[str], int]:
+        self.threads["tokenize:" + threading.current_thread().name] += 1
+        return list(items), 0
+
+    def bucket(self, encodings: Sequence[str], *, clipped: int = 0) -> list[str]:
+        return list(encodings)
 
     def forward(self, prepared: list[str]) -> list[str]:
-        self.threads["fwd:" + threading.current_thread().name.split("_")[0]] += 1
+        self.threads["forward:" + threading.current_thread().name] += 1
         assert self.hold.wait(10)
+        self.calls.append(list(prepared))
         self.clock.now += self.cost * len(prepared)
         return prepared
 
     def postprocess(self, outputs: list[str], prepared: list[str]) -> np.ndarray:
-        return np.ones((len(outputs), self.dim), dtype=np.float32)
+        return np.asarray([[float(len(x)), 1.0] for x in outputs], dtype=np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.postprocess(self.forward(self.preprocess(texts)), list(texts))
+        return self.postprocess(self.forward(self.bucket(texts)), list(texts))
 
 
 def test_forwards_run_on_the_model_thread_and_are_charged_to_their_caller() -> None:
@@ -123,8 +128,8 @@ def test_forwards_run_on_the_model_thread_and_are_charged_to_their_caller() -> N
             clock.now += 7.0  # a lock wait on this thread is not model time
         assert out.shape == (2, 2) and staged.dim == 2
         assert charge.seconds == pytest.approx(1.0)
-        assert model.threads["fwd:memgate-model"] == 1
-        assert model.threads["pre:memgate-model"] == 0  # tokenising stays on the caller
+        assert model.threads["forward:memgate-model"] == 1
+        assert model.threads["tokenize:memgate-model"] == 0  # tokenising stays on the caller
         assert stage.forwards == 1 and stage.busy_s == pytest.approx(1.0)
     finally:
         stage.close()
@@ -303,54 +308,42 @@ def test_namespace_busy_is_a_retryable_unavailable() -> None:
     assert issubclass(NamespaceBusy, Unavailable)
 
 
-@dataclass
-class _Stats:
-    forward_s: float = 0.0
-    items: int = 0
-
-
-@dataclass
-class _Prepared:
-    n: int
-    buckets: list[list[str]]
-    stats: _Stats = field(default_factory=_Stats)
-
-
-class BucketModel:
-    """A runtime whose calls are cut into buckets of two; every forward pass is recorded."""
-
-    def __init__(self) -> None:
-        self.passes: list[list[str]] = []
-        self.totals: list[_Stats] = []
-
-    def preprocess(self, items: Sequence[str]) -> _Prepared:
-        items = list(items)
-        buckets = [items[i : i + 2] for i in range(0, len(items), 2)]
-        return _Prepared(len(items), buckets, _Stats(items=len(items)))
-
-    def forward(self, prepared: _Prepared) -> list[list[str]]:
-        self.passes.append([x for b in prepared.buckets for x in b])
-        prepared.stats.forward_s = 0.25 * len(prepared.buckets)
-        self.totals.append(prepared.stats)
-        return [[x.upper() for x in b] for b in prepared.buckets]
-
-    def postprocess(self, outputs: list[list[str]], prepared: _Prepared) -> list[str]:
-        return [x for out in outputs for x in out]
-
-    def embed(self, texts: Sequence[str]) -> list[str]:
-        p = self.preprocess(texts)
-        return self.postprocess(self.forward(p), p)
-
-
-def test_a_call_goes_to_the_model_thread_one_pass_at_a_time() -> None:
-    stage = ModelStage()
-    model = BucketModel()
+def test_calls_waiting_together_share_one_model_call_and_large_calls_go_in_pieces() -> None:
+    clock = FakeClock()
+    stage = ModelStage(clock=clock)
+    model = SplitModel(clock, cost=1.0)
+    staged = Staged(model, stage, chunk=4)
+    release = threading.Event()
     try:
-        out = Staged(model, stage).embed(["a", "b", "c", "d", "e"])
+        holder = threading.Thread(target=stage.run, args=(release.wait, 10))
+        holder.start()  # the model thread is busy: the next calls wait together
+        got: dict[str, Any] = {}
+        charges: dict[str, float] = {}
+
+        def call(name: str, texts: list[str]) -> None:
+            with stage.charged() as charge:
+                got[name] = staged.embed(texts)
+            charges[name] = charge.seconds
+
+        lanes = [
+            threading.Thread(target=call, args=("a", ["a1", "a22"])),
+            threading.Thread(target=call, args=("b", ["b333"])),
+        ]
+        for t in lanes:
+            t.start()
+        for _ in range(2000):
+            if stage.waiting >= 3:
+                break
+            time.sleep(0.001)
+        release.set()
+        for t in (holder, *lanes):
+            t.join(10)
+        assert sorted(map(sorted, model.calls)) == [["a1", "a22", "b333"]]  # one merged call
+        assert got["a"][:, 0].tolist() == [2.0, 3.0] and got["b"][:, 0].tolist() == [4.0]
+        assert charges["a"] == pytest.approx(2.0) and charges["b"] == pytest.approx(1.0)
+        model.calls.clear()
+        big = staged.embed([f"t{i}" for i in range(10)])  # chunk 4: three trips
+        assert [len(c) for c in model.calls] == [4, 4, 2] and big.shape == (10, 2)
     finally:
+        release.set()
         stage.close()
-    assert out == ["A", "B", "C", "D", "E"]
-    assert model.passes == [["a", "b"], ["c", "d"], ["e"]] and stage.forwards == 3
-    # The call's stats reach the runtime's totals once, with every pass's time.
-    assert sum(t.items for t in model.totals) == 5
-    assert sum(t.forward_s for t in model.totals) == pytest.approx(0.75)
