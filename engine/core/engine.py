@@ -467,7 +467,9 @@ class Engine:
         source: Hashable | None = None,
     ) -> tuple[Served[ModelDone], float]:
         tokens, tokenize = await self._tokens(texts)
-        if work.query is not None:  # a recall reads: it waits on no namespace's writers
+        if work.query is not None or (isinstance(group, TriageGroup) and not group.apply):
+            # A recall or a dry run only reads: it takes no namespace lock, so it waits on no
+            # writer, and dry runs of every namespace share one batch as before.
             keyed, locks = _Keyed(group, frozenset()), frozenset[Hashable]()
         else:
             names = frozenset(f.namespace for f in work.facts)

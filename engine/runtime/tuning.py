@@ -172,7 +172,7 @@ def tune_nli(
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         try:
-            write_atomic(path, (json.dumps(body, indent=2) + "\n").encode())
+            write_atomic(path, json.dumps(body, indent=2) + "\n", mode=0o644)
         except OSError as exc:  # a read-only cache measures again at the next start
             log.warning("could not record the NLI sub-batch in %s: %s", path, exc)
     return size

@@ -202,7 +202,7 @@ class LaneGate:
             if self.embedder is not None:
                 self.embedder.embed([f.text for f in facts])
             for ns in names:
-                if ns in self.held:
+                if apply and ns in self.held:  # a write waiting on the namespace's lock
                     self.entered[ns].set()
                     assert self.held[ns].wait(10)
             if self.wait_s:
@@ -347,3 +347,29 @@ def test_calls_waiting_together_share_one_model_call_and_large_calls_go_in_piece
     finally:
         release.set()
         stage.close()
+
+
+def test_dry_runs_of_every_namespace_share_a_batch_and_wait_on_no_writer() -> None:
+    gate = LaneGate()
+    gate.hold("hot")
+    seen: list[int] = []
+
+    async def main() -> None:
+        eng = Engine(gate, CoreSettings(lanes=2))  # type: ignore[arg-type]
+        await eng.start()
+        try:
+            writer = asyncio.ensure_future(eng.triage([Fact("hot", "held write")], apply=True))
+            await asyncio.get_running_loop().run_in_executor(None, gate.entered["hot"].wait, 10)
+            dry = await asyncio.gather(
+                *(eng.triage([Fact(ns, f"dry {ns}")]) for ns in ("hot", "a", "b", "c"))
+            )
+            seen.extend(r.timings.batch_facts for r in dry)
+            assert not writer.done()  # the dry run of "hot" did not wait for its writer
+            gate.held["hot"].set()
+            await writer
+        finally:
+            gate.held["hot"].set()
+            await eng.close()
+
+    asyncio.run(main())
+    assert max(seen) > 1  # dry runs of different namespaces shared a batch
