@@ -476,6 +476,9 @@ class Engine:
             keyed, locks = _Keyed(group, names), frozenset[Hashable](names)
         if source is not None:
             locks = locks | {source}  # a stream's facts commit one batch after the other
+        # One running batch per group: while it runs, its group's next requests pile up into
+        # the next, larger batch (lanes exist for other namespaces, not for more of the same).
+        locks = locks | {keyed}
         served = await self.batcher.submit(
             work,
             group=keyed,
