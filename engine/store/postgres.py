@@ -16,7 +16,9 @@ erasure. What differs is what sharing needs:
   ``NamespaceBusy`` naming it (UNAVAILABLE, retryable). A holder that stops talking loses the
   lock: ``idle_in_transaction_session_timeout`` (``StoreSettings.lock_hold_s``) ends the
   session of a frozen replica, and TCP keepalives on both ends (libpq's ``keepalives_*``, the
-  server's ``tcp_keepalives_*``) end one cut off by the network.
+  server's ``tcp_keepalives_*``) end one cut off by the network. A live holder renews its
+  lease: a heartbeat runs ``SELECT 1`` in each held transaction every few seconds, so a
+  decision's model work may outlast the idle bound.
 * **The event log has a per-namespace sequence**: ``namespaces.seq`` is incremented in the
   same statement that writes an event, under the namespace lock, so a namespace's events are
   committed in ``seq`` order and a reader that has seen ``seq`` never misses an earlier event.
@@ -249,6 +251,54 @@ def _translate(exc: BaseException, what: str, where: str) -> MemgateError:
     return StorageError(f"{what} failed: {sqlstate}")
 
 
+class _Heartbeat:
+    """Keeps the lock-holding transactions of this process from looking idle: every ``every``
+    seconds each one runs ``SELECT 1`` (a lease renewal). A decision's model work between its
+    reads and its commit may then take longer than ``idle_in_transaction_session_timeout``,
+    while a frozen process (whose heartbeat freezes with it) still loses its locks by that
+    bound, and a cut-off one by it or the TCP keepalives."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._guard = threading.Lock()
+        self._held: dict[int, tuple[psycopg.Connection[Any], threading.Lock]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            self._held[id(conn)] = (conn, threading.Lock())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="memgate-store-lease", daemon=True
+                )
+                self._thread.start()
+
+    def remove(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            entry = self._held.pop(id(conn), None)
+        if entry is not None:
+            with entry[1]:  # a renewal in progress on it ends first
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            with self._guard:
+                entries = list(self._held.items())
+            for key, (conn, busy) in entries:
+                with busy:
+                    with self._guard:
+                        if key not in self._held:
+                            continue  # committed meanwhile: the connection is the pool's
+                    try:
+                        conn.execute("SELECT 1")
+                    except psycopg.Error:
+                        pass  # the transaction failed or the connection is gone: its owner sees
+
+
 class _Bound:
     """A write transaction the gate opened with :meth:`PostgresStore.lock_namespaces`."""
 
@@ -294,6 +344,7 @@ class PostgresStore(SQLStore):
         self._first_contact(dsn)
         lock_s = settings.lock_timeout_s if pg.lock_timeout_s is None else pg.lock_timeout_s
         self._lock_timeout_s = lock_s
+        self._heartbeat = _Heartbeat(min(5.0, settings.lock_hold_s / 3))
         lock_ms = max(1, int(lock_s * 1000))
         hold_ms = max(1000, int(settings.lock_hold_s * 1000))
         ka = (pg.keepalive_idle_s, pg.keepalive_interval_s, pg.keepalive_count)
@@ -367,6 +418,7 @@ class PostgresStore(SQLStore):
         if self._closed:
             return
         self._closed = True
+        self._heartbeat.close()
         self._pool.close()
 
     @property
@@ -492,9 +544,11 @@ class PostgresStore(SQLStore):
                 _rollback(conn)
                 raise
             bound = self._local.bound = _Bound(conn, names)
+            self._heartbeat.add(conn)
             try:
                 yield
             finally:
+                self._heartbeat.remove(conn)
                 self._local.bound = None
                 if bound.open:
                     _rollback(conn)

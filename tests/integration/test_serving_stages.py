@@ -101,3 +101,31 @@ def test_staged_models_score_exactly_as_the_runtimes_do(models: tuple[Any, Any])
     assert (staged == direct).all()
     assert (vecs == embedder.embed(texts)).all()
     assert stage.forwards == 2
+
+
+def test_a_live_holder_renews_its_namespace_lock_past_the_idle_bound(pg_dsn: str) -> None:
+    # The decision's model work runs between the lock and the commit with no statement on the
+    # held connection; the lease heartbeat keeps PostgreSQL's idle-in-transaction bound (here
+    # 1 s) from ending a live holder's session. (A frozen holder, whose heartbeat freezes too,
+    # loses it: tests/reliability/test_replicas_kill.py.)
+    import psycopg
+
+    from engine.store import StoreSettings
+    from engine.store.postgres import PostgresStore
+
+    def held() -> bool:
+        # A fresh database: the only advisory lock in it is the namespace's.
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchone()
+        return bool(row and row[0])
+
+    with PostgresStore(pg_dsn, StoreSettings(lock_hold_s=1.0)) as store:
+        with store.lock_namespaces({"lease/ns"}):
+            assert held()
+            time.sleep(3.5)  # three idle bounds without a statement of the holder's own
+            still = held()
+        assert not held()
+    assert still
