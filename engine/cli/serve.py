@@ -78,9 +78,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--lock-hold-timeout",
         type=float,
-        default=30.0,
-        help="PostgreSQL: seconds a lock-holding transaction may sit idle before the database "
-        "ends it (a frozen or cut-off replica loses its namespaces), 1-86400",
+        default=15.0,
+        help="PostgreSQL: seconds a lock-holding replica may go silent before the database ends "
+        "its transaction (a frozen or cut-off replica loses its namespaces; a live one renews "
+        "its lease), 1-86400",
     )
     p.add_argument(
         "--stall-timeout",

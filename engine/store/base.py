@@ -79,11 +79,12 @@ class StoreSettings:
     naming the namespace). A few seconds: a caller retries elsewhere or later instead of
     spending its deadline, and the wait holds up only that namespace (``--lock-timeout``).
     SQLite's own wait on its file lock is ``busy_timeout_ms``."""
-    lock_hold_s: float = 30.0
+    lock_hold_s: float = 15.0
     """Longest a transaction holding namespace locks may sit idle between two statements
     (PostgreSQL's ``idle_in_transaction_session_timeout``): a replica frozen or cut off while
-    it holds a namespace loses the lock after this long. Longer than one model call of a full
-    batch, which runs between the decision's reads and its commit (``--lock-hold-timeout``)."""
+    it holds a namespace loses the lock after this long. A live holder renews its lease (a
+    heartbeat statement every ``min(5, lock_hold_s / 3)`` s), so its model work between the
+    decision and the commit may take longer (``--lock-hold-timeout``)."""
 
     def __post_init__(self) -> None:
         if not 0.01 <= self.lock_timeout_s <= 3600:
