@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.core import CoreSettings, SyncEngine
 from engine.core import Engine as CoreEngine
+from engine.core.stage import ModelStage, Staged
 from engine.gate.gate import Gate, GateSettings, validate_fact
 from engine.gate.judge.store import find_judge
 from engine.gate.policy import policy_by_name
@@ -45,6 +46,10 @@ class EngineSettings:
     judge: bool = True
     """Load the judge fitted for the served models (``memgate models judge``) when
     the cache holds one; without it the gate's rule decides alone."""
+    nli_sub_batch: int | None = None
+    """Pairs per NLI forward pass: None measures the fastest size on this machine once and
+    keeps it next to the NLI manifest (``engine.runtime.tuning``); a number overrides it
+    (``--nli-sub-batch``)."""
     snapshots: bool = True
     """Snapshot large namespace indexes into ``index/`` next to the store, so a restart loads
     them (verified, reconciled) instead of rebuilding; ``IndexSettings.snapshot_min_vectors``
@@ -72,9 +77,67 @@ def build_engine(
         def counter(texts: Sequence[str]) -> list[int]:
             return list(lengths(list(texts)))
 
+    stage = ModelStage()
+    models = stage_models(gate, stage)
     return CoreEngine(
-        gate, settings, validate=validate, check_policy=check_policy, token_counter=counter, **hooks
+        gate,
+        settings,
+        validate=validate,
+        check_policy=check_policy,
+        token_counter=counter,
+        stage=stage,
+        warm=None if models is None else lambda: warm_models(*models),
+        **hooks,
     )
+
+
+def _innermost(gate: Any) -> Any:
+    """The gate under its wrappers (``PolicyFileGate`` and test wrappers keep it in ``_gate``)."""
+    seen = 0
+    while "_gate" in getattr(gate, "__dict__", {}) and seen < 16:
+        gate = gate.__dict__["_gate"]
+        seen += 1
+    return gate
+
+
+def stage_models(gate: Any, stage: ModelStage) -> tuple[Any, Any] | None:
+    """Route the gate's embedder and NLI forwards to ``stage``'s model thread (a model already
+    staged by an earlier engine moves to this one). Returns the staged (embedder, nli), or None
+    for a gate without both."""
+    inner = _innermost(gate)
+    embedder, nli = getattr(inner, "embedder", None), getattr(inner, "nli", None)
+    if embedder is None or nli is None:
+        return None
+    inner.embedder = Staged(getattr(embedder, "wrapped", embedder), stage)
+    inner.nli = Staged(getattr(nli, "wrapped", nli), stage)
+    return inner.embedder, inner.nli
+
+
+WARM_TEXTS = 8
+"""Texts in the warm-up's embedder batch."""
+WARM_PAIRS = 32
+"""Pairs in the warm-up's NLI batch (the call size ``bench_runtime`` measures)."""
+PAIRS_PER_FACT = 4
+"""NLI pairs a fact is assumed to cost until real batches are measured: about the mean that
+``bench_grpc`` measures on memory-like data (3.95 pairs a fact; a policy sends at most
+``top_k`` = 20, a fact of an empty namespace none). The first real batches replace it within a
+few calls (a moving average)."""
+
+
+def warm_models(embedder: Any, nli: Any) -> float:
+    """One batch through each model (on the model stage, when staged) and the model seconds
+    per fact they imply: an embedding plus ``PAIRS_PER_FACT`` NLI pairs."""
+    import time
+
+    texts = [f"Warm-up fact {i}: the model stage runs before serving." for i in range(WARM_TEXTS)]
+    embedder.embed(texts[:1])  # lazy initialisation is not what a fact costs
+    nli.score([(texts[0], texts[1])])
+    t0 = time.perf_counter()
+    embedder.embed(texts)
+    t1 = time.perf_counter()
+    nli.score([(texts[i % WARM_TEXTS], texts[(i + 1) % WARM_TEXTS]) for i in range(WARM_PAIRS)])
+    t2 = time.perf_counter()
+    return (t1 - t0) / WARM_TEXTS + (t2 - t1) / WARM_PAIRS * PAIRS_PER_FACT
 
 
 @dataclass
@@ -106,6 +169,10 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
     )
     embedder.warmup()
     nli.warmup()
+    from engine.runtime.tuning import tune_nli
+
+    sub_batch = tune_nli(nli, settings.nli_sub_batch)
+    log.info("NLI sub-batch: %d pairs per forward pass", sub_batch)
     path = db_path or Path(settings.data_dir) / "memgate.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     # A postgresql:// DSN (settings.store_spec) is shared by replicas: indexes follow its log.

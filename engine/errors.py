@@ -17,8 +17,10 @@
     ├── StorageError              the store could not persist (I/O error, failed fsync); fail-stop
     │   └── StorageFull           the disk is full; fail-stop too
     └── Unavailable               the engine is shutting down or not yet serving
-        └── StoreUnreachable      the store's database server cannot be reached (connection
-                                  lost, server restarting); retryable, never fail-stop
+        ├── StoreUnreachable      the store's database server cannot be reached (connection
+        │                         lost, server restarting); retryable, never fail-stop
+        └── NamespaceBusy         a namespace's write lock stayed held elsewhere (another
+                                  replica, another process) past the lock timeout; retryable
 
 Lower-level errors (sqlite3, onnxruntime, faiss) are translated into these at the module
 boundary that imports them. The gRPC layer maps each class to exactly one status code in one
@@ -34,6 +36,7 @@ __all__ = [
     "ManifestMismatch",
     "MemgateError",
     "ModelError",
+    "NamespaceBusy",
     "NotFound",
     "Overloaded",
     "PermissionDenied",
@@ -108,3 +111,11 @@ class StoreUnreachable(Unavailable):
     acknowledgement was lost is found again by its idempotency key), and the store reconnects
     by itself when the database returns. The server turns health NOT_SERVING while the store
     is unreachable and SERVING again once it answers. gRPC: UNAVAILABLE."""
+
+
+class NamespaceBusy(Unavailable):
+    """A write waited ``--lock-timeout`` for a namespace's lock held by another writer (another
+    replica's transaction, another process on the SQLite file) and gave up. Nothing was written;
+    the message names the namespace. Retryable: the holder commits, or loses its lock when its
+    session ends (a frozen or partitioned replica loses it within the store's hold bound).
+    gRPC: UNAVAILABLE."""

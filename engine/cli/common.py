@@ -95,10 +95,28 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--embedder-variant", default="fp32", help="embedder artefact variant")
     p.add_argument(
+        "--nli-sub-batch",
+        default="auto",
+        help="pairs per NLI forward pass, 1-4096; auto (default): measured once per machine "
+        "and kept next to the NLI manifest",
+    )
+    p.add_argument(
         "--allow-random-weights",
         action="store_true",
         help="serve a random-initialised NLI model (speed work only)",
     )
+
+
+def _sub_batch(value: str) -> int | None:
+    if value == "auto":
+        return None
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= 4096:
+        usage_error("memgate", f"--nli-sub-batch must be auto or 1-4096, got {value!r}")
+    return size
 
 
 def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
@@ -118,6 +136,7 @@ def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
             allow_random_weights=args.allow_random_weights,
         ),
         session=SessionSettings(device=args.device, intra_op_threads=args.threads),
+        nli_sub_batch=_sub_batch(getattr(args, "nli_sub_batch", "auto")),
         **changes,
     )
 

@@ -116,6 +116,35 @@ def register(sub: Any) -> None:
         help="most memories one sweep transaction expires (a writer waits for one at most)",
     )
     p.add_argument(
+        "--lanes",
+        type=int,
+        default=8,
+        help="batches of different namespaces decided and committed at once, 1-256 (a "
+        "namespace waiting on a lock holds up no other)",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a write waits for a namespace locked by another writer (another replica; "
+        "SQLite: another process) before UNAVAILABLE naming the namespace, 0.01-3600",
+    )
+    p.add_argument(
+        "--lock-hold-timeout",
+        type=float,
+        default=15.0,
+        help="PostgreSQL: seconds a lock-holding replica may go silent before the database ends "
+        "its transaction (a frozen or cut-off replica loses its namespaces; a live one renews "
+        "its lease), 1-86400",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="health turns NOT_SERVING when queued work waits this long on the model thread "
+        "without a forward finishing, 0.1-3600",
+    )
+    p.add_argument(
         "--exact-tokens",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -140,6 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
     from engine.server.server import ServerSettings
+    from engine.store import StoreSettings
 
     if not 1 <= args.max_text_bytes <= 1_000_000:
         usage_error(PROG, "--max-text-bytes must be in [1, 1000000]")
@@ -164,6 +194,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         backfill_window=args.backfill_window,
         io_threads=args.io_threads,
         expiry_interval_s=args.expiry_interval or None,
+        lanes=args.lanes,
+        stall_s=args.stall_timeout,
         grace_s=args.grace,
         reflection=args.reflection,
         metrics_port=args.metrics_port,
@@ -177,8 +209,17 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     )
     # One text limit: the gate's character cap follows the byte limit (a text of N bytes has
     # at most N characters), so --max-text-bytes is the only limit a client can meet.
+    if not 0.01 <= args.lock_timeout <= 3600:
+        usage_error(PROG, "--lock-timeout must be in [0.01, 3600] seconds")
+    if not 1 <= args.lock_hold_timeout <= 86400:
+        usage_error(PROG, "--lock-hold-timeout must be in [1, 86400] seconds")
+    store = StoreSettings(
+        lock_timeout_s=args.lock_timeout,
+        lock_hold_s=args.lock_hold_timeout,
+        busy_timeout_ms=int(args.lock_timeout * 1000),
+    )
     gate = GateSettings(max_text_chars=args.max_text_bytes, expiry_batch=args.expiry_batch)
-    engine = engine_settings(args, gate=gate)
+    engine = engine_settings(args, gate=gate, store=store)
     return engine, server, tokens
 
 

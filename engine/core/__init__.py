@@ -23,6 +23,7 @@ from engine.core.engine import (
 )
 from engine.core.queue import Batch, Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
 from engine.core.results import Recalled, Streamed, Timings, Triaged
+from engine.core.stage import ModelStage, Staged
 from engine.core.sync import SyncEngine
 
 __all__ = [
@@ -34,11 +35,13 @@ __all__ = [
     "Entry",
     "GateLike",
     "ModelDone",
+    "ModelStage",
     "ModelWork",
     "Permits",
     "QueueSettings",
     "Recalled",
     "Served",
+    "Staged",
     "Streamed",
     "SyncEngine",
     "Timings",

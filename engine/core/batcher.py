@@ -7,8 +7,10 @@ answered by one model call. The driver
 * wakes on events only: a push sets an :class:`asyncio.Event`; while the queue holds a partial
   batch the driver waits for that event *or* the oldest entry's ``max_wait_s``, whichever comes
   first. There is no sleep-polling;
-* takes one batch at a time and runs it on the worker (``run_in_executor`` on a single-thread
-  executor); while the model is busy, new requests pile up and form the next, larger batch;
+* runs up to ``lanes`` batches at once on the executor (``run_in_executor``), never two that
+  hold one lock (a namespace, a stream: :class:`~engine.core.queue.Entry` ``locks``), so a batch
+  waiting on one namespace's store lock holds up no other namespace; while a lane is busy, new
+  requests of its namespaces pile up and form the next, larger batch;
 * drops entries whose caller gave up (the future was cancelled) or whose deadline passed before
   they reach the model, failing the latter with ``DeadlineExceeded``;
 * dies on a fatal error (``is_fatal``: a ``StorageError``, or anything that is not an
@@ -25,9 +27,11 @@ before it reaches the model, so nothing commits after the grace period and a str
 stay a prefix of it.
 
 ``run(group, payloads)`` is injected; it returns one result (or one exception) per payload, in
-order, or raises to fail the whole batch. ``on_batch(batch, seconds)`` hears of every batch that
-ran (metrics, and the admission rate estimate). The unit tests drive the batcher with a fake
-``run`` and no model.
+order, or raises to fail the whole batch. ``measure(results)`` (optional) says how many of the
+batch's seconds count as work for the rate estimate (the engine counts model forwards only, not
+lock or store waits); without it the batch's wall time counts. ``on_batch(batch, seconds)``
+hears of every batch that ran, with those seconds (metrics, and the admission rate estimate).
+The unit tests drive the batcher with a fake ``run`` and no model.
 """
 
 from __future__ import annotations
@@ -98,8 +102,15 @@ class Batcher(Generic[P, R]):
         is_fatal: Callable[[BaseException], bool] = default_is_fatal,
         on_dead: Callable[[BaseException], None] | None = None,
         on_batch: Callable[[Batch[_Job[P, R]], float], None] | None = None,
+        lanes: int = 1,
+        measure: Callable[[Sequence[R | BaseException]], float | None] | None = None,
     ) -> None:
+        if not 1 <= lanes <= 1024:
+            raise ValueError(f"lanes must be in [1, 1024], got {lanes}")
         self._run = run
+        self._lanes = lanes
+        self._measure_run = measure
+        self._running: set[asyncio.Task[None]] = set()
         self._queue: TokenBudgetQueue[_Job[P, R]] = TokenBudgetQueue(settings)
         self._executor = executor
         self._is_fatal = is_fatal
@@ -173,9 +184,11 @@ class Batcher(Generic[P, R]):
         tokens: int,
         deadline: float | None = None,
         source: Hashable | None = None,
+        locks: frozenset[Hashable] = frozenset(),
     ) -> Served[R]:
         """Queue ``payload`` and wait for its result. ``deadline`` is on ``loop.time()``;
-        ``source`` names the stream the payload belongs to (see ``max_source_facts``)."""
+        ``source`` names the stream the payload belongs to (see ``max_source_facts``);
+        ``locks`` what its batch holds while it runs (see the module docstring)."""
         if self._dead is not None:
             raise refusal(self._dead)
         if self._cut:
@@ -187,7 +200,7 @@ class Batcher(Generic[P, R]):
         if deadline is not None and now >= deadline:
             raise DeadlineExceeded("the deadline passed before the request was queued")
         future: asyncio.Future[Served[R]] = loop.create_future()
-        entry = Entry(_Job(payload, future), group, facts, tokens, now, deadline, source)
+        entry = Entry(_Job(payload, future), group, facts, tokens, now, deadline, source, locks)
         future.add_done_callback(lambda f: entry.cancel() if f.cancelled() else None)
         self._queue.push(entry)
         self._wake.set()
@@ -199,7 +212,10 @@ class Batcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         while self._dead is None:
             now = loop.time()
-            batch, dropped = self._queue.take(now, flush=self._closing)
+            batch: Batch[_Job[P, R]] | None = None
+            dropped: list[Entry[_Job[P, R]]] = []
+            if len(self._running) < self._lanes:
+                batch, dropped = self._queue.take(now, flush=self._closing)
             for entry in dropped:
                 if not entry.payload.future.done():
                     entry.payload.future.set_exception(
@@ -209,11 +225,14 @@ class Batcher(Generic[P, R]):
                 self._refuse(batch)
                 continue
             if batch is not None:
-                await self._dispatch(batch, loop)
+                self._start(batch, loop)
                 continue
             if self._closing and not len(self._queue):
+                if self._running:
+                    await asyncio.gather(*self._running, return_exceptions=True)
+                    continue
                 return
-            wake = self._queue.wake_at()
+            wake = None if len(self._running) >= self._lanes else self._queue.wake_at()
             if self._cutoff is not None and not self._cut:
                 wake = self._cutoff if wake is None else min(wake, self._cutoff)
             self._wake.clear()
@@ -241,6 +260,26 @@ class Batcher(Generic[P, R]):
             if not entry.payload.future.done():
                 entry.payload.future.set_exception(_shutting_down())
 
+    def _start(self, batch: Batch[_Job[P, R]], loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``batch`` on a lane; when it ends, its locks are free and the driver wakes."""
+        task = loop.create_task(self._dispatch(batch, loop), name="memgate-batch")
+        self._running.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._running.discard(t)
+            self._queue.finished(batch)
+            if not t.cancelled() and t.exception() is not None:
+                self._die(t.exception() or RuntimeError("batch failed"))
+            if self._wake is not None:
+                self._wake.set()
+
+        task.add_done_callback(done)
+
+    @property
+    def running(self) -> int:
+        """Batches on the lanes now."""
+        return len(self._running)
+
     async def _dispatch(self, batch: Batch[_Job[P, R]], loop: asyncio.AbstractEventLoop) -> None:
         jobs = [e.payload for e in batch.entries]
         self.batches += 1
@@ -250,9 +289,11 @@ class Batcher(Generic[P, R]):
                 self._executor, self._run, batch.group, [j.payload for j in jobs]
             )
             seconds = loop.time() - t0
-            self._measure(batch.facts, seconds)
+            work = self._measure_run(results) if self._measure_run is not None else None
+            work = seconds if work is None else work
+            self._measure(batch.facts, work)
             if self._on_batch is not None:
-                self._on_batch(batch, seconds)
+                self._on_batch(batch, work)
             if len(results) != len(jobs):
                 raise RuntimeError(f"run returned {len(results)} results for {len(jobs)} payloads")
         except asyncio.CancelledError:
@@ -274,6 +315,11 @@ class Batcher(Generic[P, R]):
                 job.future.set_result(
                     Served(result, batch.started - entry.enqueued, batch.facts, len(jobs), seconds)
                 )
+
+    def prime(self, seconds_per_fact: float) -> None:
+        """Seed the rate estimate (the engine's warm-up batch) before any batch ran."""
+        if seconds_per_fact > 0 and self._per_fact is None:
+            self._per_fact = seconds_per_fact
 
     def _measure(self, facts: int, seconds: float) -> None:
         if facts <= 0 or seconds <= 0:

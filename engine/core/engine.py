@@ -4,8 +4,16 @@
 
     caller (gRPC handler, SyncEngine: backfill, eval, adapters)
         -> Engine.triage / recall / stream        admission permits, real token counts
-        -> Batcher (TokenBudgetQueue + one worker thread)
-        -> run_model_batch -> Gate.triage / Gate.recall
+        -> Batcher (TokenBudgetQueue, ``lanes`` threads; one batch per namespace set at a time)
+        -> run_model_batch -> Gate.triage / Gate.recall          on a lane thread
+             -> embedder / NLI forwards -> ModelStage             on the one model thread
+
+Stages (docs/engine-stages.md): a *lane* runs one batch of one namespace set from its parse to
+its commit (store reads, the namespace lock, the fsync'd COMMIT); batches of different
+namespaces run on different lanes at once, batches of one namespace one after the other in
+arrival order (the queue's locks), so a later fact of a namespace sees what an earlier one
+committed. Only the models' forwards go to the one model thread (:mod:`engine.core.stage`),
+so a namespace waiting on a lock held elsewhere waits alone.
 
 Transport-free: no ``grpc`` here. Errors are ``engine.errors`` classes; results are typed
 (:mod:`engine.core.results`). The gate is a collaborator behind :class:`GateLike`; how a fact
@@ -39,13 +47,14 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from engine.core.admission import Permits
 from engine.core.batcher import Batcher, Served, refusal
 from engine.core.queue import Batch, QueueSettings, estimate_tokens
 from engine.core.results import Recalled, Streamed, Timings, Triaged, split
+from engine.core.stage import ModelStage
 from engine.errors import InvalidInput, MemgateError, Overloaded, StorageError, Unavailable
 from engine.lifecycle import AsOf, Hidden
 from engine.types import Decision, Event, Fact, Memory
@@ -146,6 +155,15 @@ class CoreSettings:
     """Pause between two sweep batches. The store's lock is not fair: a sweep that took it
     again at once could keep a waiting writer out for several batches; with the pause a
     writer waits for one batch at most (benchmarks/bench_expiry.py)."""
+    lanes: int = 8
+    """Batches that may run at once, each on its own thread and each over namespaces no other
+    running batch touches: their parse, store reads, lock waits and commits overlap, and a
+    namespace waiting on another replica's lock holds up only itself. Model forwards stay on
+    one thread. Keep it below half the PostgreSQL pool (a lane holds one connection from its
+    decision to its commit and reads through others)."""
+    stall_s: float = 30.0
+    """The model thread is *stalled* when work has waited on it this long without a forward
+    finishing (:attr:`Engine.stalled`); the server then reports NOT_SERVING."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -163,6 +181,8 @@ class CoreSettings:
             (0.0 <= self.expiry_pause_s <= 10.0, "expiry_pause_s must be in [0, 10] seconds"),
             (1.0 <= self.deadline_headroom <= 100.0, "deadline_headroom must be in [1, 100]"),
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
+            (1 <= self.lanes <= 256, "lanes must be in [1, 256]"),
+            (0.1 <= self.stall_s <= 3600.0, "stall_s must be in [0.1, 3600] seconds"),
         ]
         for ok, message in checks:
             if not ok:
@@ -197,6 +217,14 @@ RECALL = "recall"
 
 
 @dataclass(frozen=True)
+class _Keyed:
+    """A batch group of one namespace set: requests of one set share a model call."""
+
+    group: Hashable
+    namespaces: frozenset[str]
+
+
+@dataclass(frozen=True)
 class ModelDone:
     """One request's share of a model call: its decisions or hits, and the call's phases."""
 
@@ -205,6 +233,10 @@ class ModelDone:
     hits: tuple[tuple[Memory, float], ...] = ()
     hidden: Hidden = field(default_factory=Hidden)
     seq: int | None = None
+    forward_s: float | None = None
+    """The batch's work for the admission estimate: its forwards' seconds on the model thread
+    plus its lane's CPU seconds, never its waits; None for a gate whose models do not run on
+    the stage (its wall time counts instead)."""
 
 
 def run_model_batch(
@@ -289,7 +321,9 @@ class Engine:
     ``validate(fact)`` and ``check_policy(name, overrides)`` raise ``InvalidInput`` for what the
     gate would refuse, so a bad request fails alone, before it takes a permit;
     ``token_counter(texts)`` gives the batch budget's token counts (the embedder's tokenizer;
-    default: a len/4 estimate, for gates without one).
+    default: a len/4 estimate, for gates without one). ``stage`` is the model thread the gate's
+    forwards run on; ``warm()`` runs one batch through every model (on the stage) and returns
+    the model seconds per fact it measured (:meth:`warm_up`).
     """
 
     def __init__(
@@ -302,6 +336,8 @@ class Engine:
         token_counter: Callable[[Sequence[str]], list[int]] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
         on_batch: Callable[[int, int, float], None] | None = None,
+        stage: ModelStage | None = None,
+        warm: Callable[[], float] | None = None,
     ) -> None:
         self.gate = gate
         self.settings = settings or CoreSettings()
@@ -314,15 +350,20 @@ class Engine:
         self.permits = Permits(
             s.max_queued_facts, max_delay_s=s.max_queue_delay_s, min_limit=s.min_admitted_facts
         )
-        self._model = ThreadPoolExecutor(1, thread_name_prefix="memgate-model")
+        self.stage = stage or ModelStage()
+        """The model thread; the edge routes the gate's forwards to it (``engine.app``)."""
+        self._lanes = ThreadPoolExecutor(s.lanes, thread_name_prefix="memgate-lane")
         self._io: Executor = ThreadPoolExecutor(s.io_threads, thread_name_prefix="memgate-store")
         self._tokenize = ThreadPoolExecutor(1, thread_name_prefix="memgate-tokenize")
+        self._warm = warm
         self.batcher: Batcher[ModelWork, ModelDone] = Batcher(
-            lambda group, works: run_model_batch(gate, group, works),
+            self._run_batch,
             s.batching,
-            executor=self._model,
+            executor=self._lanes,
             on_dead=self._died,
             on_batch=self._batch_done,
+            lanes=s.lanes,
+            measure=_forward_seconds,
         )
         self._stop_streams: asyncio.Event | None = None
         self._streams_until: float | None = None
@@ -345,8 +386,46 @@ class Engine:
 
     @property
     def seconds_per_fact(self) -> float | None:
-        """Measured model seconds per fact (moving average); None before the first batch."""
+        """Measured seconds of work per fact (moving average of forward time plus the lanes'
+        CPU: lock and store waits are not work); None before the warm-up or the first batch."""
         return self.batcher.seconds_per_fact
+
+    @property
+    def stalled(self) -> bool:
+        """Work has waited on the model thread for ``stall_s`` without a forward finishing."""
+        return self.stage.stalled_s() >= self.settings.stall_s
+
+    def _run_batch(
+        self, group: Hashable, works: list[ModelWork]
+    ) -> list[ModelDone | BaseException]:
+        """One batch on a lane: the gate's steps here, its forwards on the model thread."""
+        assert isinstance(group, _Keyed)
+        cpu0 = time.thread_time()
+        with self.stage.charged() as charge:
+            out = run_model_batch(self.gate, group.group, works)
+        # Work = the forwards' time on the model thread + the lane's own CPU (parse, search,
+        # SQL encoding). Waits (a namespace lock, store round-trips, fsync, the model thread's
+        # queue) use no CPU here and are not work: they do not slow other namespaces.
+        work = charge.seconds + (time.thread_time() - cpu0) if self.stage.forwards else None
+        return [replace(r, forward_s=work) if isinstance(r, ModelDone) else r for r in out]
+
+    async def warm_up(self) -> float | None:
+        """Run one batch through every model before serving (a cold first call costs many
+        times a warm one) and seed the admission estimate with its model seconds per fact, so
+        a fresh replica admits by what its models cost. Returns that estimate."""
+        if self._warm is None:
+            return None
+        warm = self._warm
+        stage = self.stage
+
+        def run() -> float:
+            with stage.charged():
+                return warm()
+
+        per_fact = await asyncio.get_running_loop().run_in_executor(self._lanes, run)
+        self.batcher.prime(per_fact)
+        self.permits.observe(1, per_fact)
+        return per_fact
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -404,8 +483,9 @@ class Engine:
                 await self._sweeper
         await self.batcher.close()
         loop = asyncio.get_running_loop()
-        for pool in (self._model, self._io, self._tokenize):
+        for pool in (self._lanes, self._io, self._tokenize):
             await loop.run_in_executor(None, lambda p=pool: p.shutdown(wait=True))  # type: ignore[misc]
+        await loop.run_in_executor(None, self.stage.close)
 
     def fail(self, exc: BaseException) -> None:
         """Stop the engine as if the worker had died of ``exc`` (fail-stop)."""
@@ -456,8 +536,26 @@ class Engine:
         source: Hashable | None = None,
     ) -> tuple[Served[ModelDone], float]:
         tokens, tokenize = await self._tokens(texts)
+        if work.query is not None or (isinstance(group, TriageGroup) and not group.apply):
+            # A recall or a dry run only reads: it takes no namespace lock, so it waits on no
+            # writer, and dry runs of every namespace share one batch as before.
+            keyed, locks = _Keyed(group, frozenset()), frozenset[Hashable]()
+        else:
+            names = frozenset(f.namespace for f in work.facts)
+            keyed, locks = _Keyed(group, names), frozenset[Hashable](names)
+        if source is not None:
+            locks = locks | {source}  # a stream's facts commit one batch after the other
+        # One running batch per group: while it runs, its group's next requests pile up into
+        # the next, larger batch (lanes exist for other namespaces, not for more of the same).
+        locks = locks | {keyed}
         served = await self.batcher.submit(
-            work, group=group, facts=len(texts), tokens=tokens, deadline=deadline, source=source
+            work,
+            group=keyed,
+            facts=len(texts),
+            tokens=tokens,
+            deadline=deadline,
+            source=source,
+            locks=locks,
         )
         return served, tokenize
 
@@ -651,6 +749,14 @@ class Engine:
     ) -> tuple[Any, Timings]:
         res, secs = await self._io_write(self.gate.resolve_review, namespace, review_id, resolution)
         return res, Timings(store=secs, total=secs)
+
+
+def _forward_seconds(results: Sequence[ModelDone | BaseException]) -> float | None:
+    """A batch's model-thread seconds (every request of a batch carries the same figure)."""
+    for r in results:
+        if isinstance(r, ModelDone):
+            return r.forward_s
+    return None
 
 
 def shutdown_message(last: int) -> str:

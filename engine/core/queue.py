@@ -17,7 +17,12 @@ share a model call (the server's groups are ``(policy, overrides, apply)`` for t
   ``max_source_facts`` facts of one source, and the cut stops at the first entry over that
   cap. A stream's batch commits in one transaction and its decisions are released together,
   so this bounds the gap between two decisions of one stream to one small batch's model time,
-  while concurrent streams and requests still share every model call.
+  while concurrent streams and requests still share every model call;
+* an entry may name *locks* (the namespaces it writes, and its stream): batches run
+  concurrently (one per lane), but an entry starts only when no running batch holds one of its
+  locks and no older queued entry claims one. Writes to one namespace, and the facts of one
+  stream, therefore start in arrival order and never overlap, while other namespaces go by.
+  The driver hands a finished batch back with :meth:`TokenBudgetQueue.finished`.
 
 Arrival order is kept on purpose: writes to one namespace commit in the order they arrived.
 Padding is cut one layer down, where the runtime sorts a call's texts by token length and pads
@@ -97,7 +102,13 @@ class Entry(Generic[P]):
     source: Hashable | None = None
     """The stream this entry belongs to (at most ``max_source_facts`` of its facts per batch);
     None: a request of its own."""
+    locks: frozenset[Hashable] = frozenset()
+    """What the entry's batch holds while it runs (its namespaces, its stream): no other
+    batch holding one of them runs at the same time, and older entries that claim one go
+    first."""
     cancelled: bool = False
+    seq: int = 0
+    """Arrival order, set by :meth:`TokenBudgetQueue.push`."""
 
     def __post_init__(self) -> None:
         if self.facts < 1 or self.tokens < 0:
@@ -121,6 +132,11 @@ class Batch(Generic[P]):
     tokens: int
     started: float
 
+    @property
+    def locks(self) -> frozenset[Hashable]:
+        """Every lock the batch holds while it runs."""
+        return frozenset().union(*(e.locks for e in self.entries))
+
 
 @dataclass
 class _Group(Generic[P]):
@@ -141,6 +157,9 @@ class TokenBudgetQueue(Generic[P]):
         self._facts = 0
         self._tokens = 0
         self._entries = 0
+        self._seq = 0
+        self._held: dict[Hashable, int] = {}
+        """Locks held by running batches (a count: two batches may share a free lock)."""
 
     # -- observation ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -157,6 +176,8 @@ class TokenBudgetQueue(Generic[P]):
 
     # -- producer ---------------------------------------------------------------------------
     def push(self, entry: Entry[P]) -> None:
+        self._seq += 1
+        entry.seq = self._seq
         group = self._groups.get(entry.group)
         if group is None:
             group = self._groups[entry.group] = _Group()
@@ -172,26 +193,47 @@ class TokenBudgetQueue(Generic[P]):
         """When the oldest entry's wait runs out (a partial batch becomes ready); None if empty.
 
         A full group is ready at once; the driver calls :meth:`take` after every push anyway.
+        Groups whose head waits for a lock are left out: :meth:`finished` wakes the driver.
         """
-        oldest = self._oldest()
+        oldest = self._oldest(self._startable())
         return None if oldest is None else oldest[1].enqueued + self.settings.max_wait_s
 
     def take(self, now: float, flush: bool = False) -> tuple[Batch[P] | None, list[Entry[P]]]:
         """The next ready batch (or None), and the entries dropped as cancelled or expired.
+        The batch's locks are held until :meth:`finished` is called with it.
 
         ``flush``: every group is ready, waited or not (the server is draining)."""
         dropped = self._purge(now)
-        oldest = self._oldest()
+        startable = self._startable()
+        oldest = self._oldest(startable)
         if oldest is None:
             return None, dropped
         key, head = oldest
         waited = now - head.enqueued >= self.settings.max_wait_s
         if flush or waited or self._full(self._groups[key]):
-            return self._cut(key, now), dropped
-        full = next((k for k, g in self._groups.items() if self._full(g)), None)
+            return self._cut(key, now, startable), dropped
+        full = next(
+            (k for k, g in self._groups.items() if g.entries[0].seq in startable and self._full(g)),
+            None,
+        )
         if full is not None:
-            return self._cut(full, now), dropped
+            return self._cut(full, now, startable), dropped
         return None, dropped
+
+    def finished(self, batch: Batch[P]) -> None:
+        """``batch`` (from :meth:`take`) ran: its locks are free again."""
+        for entry in batch.entries:
+            for lock in entry.locks:
+                left = self._held.get(lock, 0) - 1
+                if left > 0:
+                    self._held[lock] = left
+                else:
+                    self._held.pop(lock, None)
+
+    @property
+    def held(self) -> frozenset[Hashable]:
+        """Locks held by running batches."""
+        return frozenset(self._held)
 
     def drain(self) -> list[Entry[P]]:
         """Remove and return every queued entry (the worker died; fail them all)."""
@@ -205,10 +247,31 @@ class TokenBudgetQueue(Generic[P]):
         s = self.settings
         return group.facts >= s.max_batch_facts or group.tokens >= s.max_batch_tokens
 
-    def _oldest(self) -> tuple[Hashable, Entry[P]] | None:
+    def _startable(self) -> set[int]:
+        """Sequence numbers of the queued entries that may start now: none of their locks is
+        held by a running batch or claimed by an older queued entry of another group (FIFO per
+        lock; older entries of the same group go in the same batch, or first)."""
+        entries = [e for g in self._groups.values() for e in g.entries]
+        if not self._held and not any(e.locks for e in entries):
+            return {e.seq for e in entries}
+        entries.sort(key=lambda e: e.seq)
+        claimed: dict[Hashable, set[Hashable]] = {}
+        out: set[int] = set()
+        for e in entries:
+            if all(
+                lock not in self._held and claimed.get(lock, set()) <= {e.group} for lock in e.locks
+            ):
+                out.add(e.seq)
+            for lock in e.locks:
+                claimed.setdefault(lock, set()).add(e.group)
+        return out
+
+    def _oldest(self, startable: set[int]) -> tuple[Hashable, Entry[P]] | None:
         best: tuple[Hashable, Entry[P]] | None = None
         for key, group in self._groups.items():
             head = group.entries[0]
+            if head.seq not in startable:
+                continue
             if best is None or head.enqueued < best[1].enqueued:
                 best = (key, head)
         return best
@@ -237,7 +300,7 @@ class TokenBudgetQueue(Generic[P]):
                 del self._groups[key]
         return dropped
 
-    def _cut(self, key: Hashable, now: float) -> Batch[P]:
+    def _cut(self, key: Hashable, now: float, startable: set[int]) -> Batch[P]:
         s = self.settings
         group = self._groups[key]
         taken: list[Entry[P]] = []
@@ -247,7 +310,8 @@ class TokenBudgetQueue(Generic[P]):
             e = group.entries[0]
             mine = per_source.get(e.source, 0) if e.source is not None else 0
             if taken and (
-                facts + e.facts > s.max_batch_facts
+                e.seq not in startable
+                or facts + e.facts > s.max_batch_facts
                 or tokens + e.tokens > s.max_batch_tokens
                 or (e.source is not None and mine + e.facts > s.max_source_facts)
             ):
@@ -261,4 +325,7 @@ class TokenBudgetQueue(Generic[P]):
                 per_source[e.source] = mine + e.facts
         if not group.entries:
             del self._groups[key]
+        for e in taken:
+            for lock in e.locks:
+                self._held[lock] = self._held.get(lock, 0) + 1
         return Batch(group=key, entries=taken, facts=facts, tokens=tokens, started=now)

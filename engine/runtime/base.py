@@ -184,6 +184,11 @@ class TokenModel(Generic[Item]):
         """Tokenise ``items`` (truncated at the model's max length)."""
         return self._encode(items)[0]
 
+    def tokenize(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
+        """The encodings of ``items`` and how many were clipped first: the first half of
+        :meth:`preprocess`, which a model stage runs on the caller's thread."""
+        return self._encode(items)
+
     def _encode(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
         """The encodings, and how many texts were clipped first."""
         clipped = 0
@@ -242,6 +247,16 @@ class TokenModel(Generic[Item]):
     def preprocess(self, items: Sequence[Item]) -> Prepared:
         t0 = time.perf_counter()
         encodings, clipped = self._encode(items)
+        return self.bucket(encodings, clipped=clipped, tokenize_s=time.perf_counter() - t0)
+
+    def bucket(
+        self, encodings: Sequence[Encoding], *, clipped: int = 0, tokenize_s: float = 0.0
+    ) -> Prepared:
+        """Sort tokenised items by length and cut them into padded forward passes of at most
+        ``max_batch`` items and ``max_batch_tokens`` padded tokens (the second half of
+        :meth:`preprocess`; a model stage merges several callers' encodings here)."""
+        t0 = time.perf_counter()
+        encodings = list(encodings)
         stats = RunStats(items=len(encodings), clipped=clipped)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         stats.truncated = sum(1 for e in encodings if e.overflowing)
@@ -266,7 +281,7 @@ class TokenModel(Generic[Item]):
             stats.padded_tokens += len(index) * width
             start = end
         stats.batches = len(buckets)
-        stats.tokenize_s = time.perf_counter() - t0
+        stats.tokenize_s = tokenize_s + time.perf_counter() - t0
         return Prepared(n=len(encodings), buckets=buckets, stats=stats)
 
     def _pad(self, encodings: list[Encoding], width: int) -> dict[str, np.ndarray]:

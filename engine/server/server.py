@@ -82,6 +82,12 @@ class ServerSettings:
     """Threads for store work (Get, History, Forget, Undo, reviews)."""
     expiry_interval_s: float | None = 60.0
     """How often the expiry sweep runs (``CoreSettings.expiry_interval_s``); None: never."""
+    lanes: int = 8
+    """Batches of different namespaces that run at once (``CoreSettings.lanes``): one
+    namespace waiting on a lock held elsewhere holds up no other."""
+    stall_s: float = 30.0
+    """Health turns NOT_SERVING when work has waited this long on the model thread without a
+    forward finishing (``CoreSettings.stall_s``)."""
     grace_s: float = 10.0
     """On shutdown, how long in-flight calls may run before they are cancelled."""
     reflection: bool = False
@@ -131,6 +137,8 @@ class ServerSettings:
                 "min_admitted_facts must be in [1, 10000000]",
             ),
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
+            (1 <= self.lanes <= 256, "lanes must be in [1, 256]"),
+            (0.1 <= self.stall_s <= 3600.0, "stall_s must be in [0.1, 3600] seconds"),
             (0.0 <= self.grace_s <= 3600.0, "grace_s must be in [0, 3600]"),
             (0 <= self.metrics_port <= 65535, "metrics_port must be in [0, 65535]"),
             (
@@ -221,6 +229,8 @@ class MemgateServer:
             stream_window=s.backfill_window,
             io_threads=s.io_threads,
             expiry_interval_s=s.expiry_interval_s,
+            lanes=s.lanes,
+            stall_s=s.stall_s,
         )
         self.engine = build_engine(
             gate,
@@ -247,6 +257,11 @@ class MemgateServer:
         if not self.auth.enabled:
             log.warning("no tokens file: authentication is OFF, every namespace is open")
         await self.engine.start()
+        # One batch through every model before SERVING: a cold first call costs many times a
+        # warm one, and the admission estimate starts from what the models really cost.
+        per_fact = await self.engine.warm_up()
+        if per_fact is not None:
+            log.info("models warm", extra={"fields": {"model_s_per_fact": round(per_fact, 5)}})
         service = self.service = MemgateService(
             self.engine,
             limits=s.limits,
@@ -267,7 +282,7 @@ class MemgateServer:
             await self._start_http(service)
         for name in ("", SERVICE_NAME):
             await self._set_health(name, SERVING)
-        self._watch_store()
+        self._watch()
         log.info(
             "serving",
             extra={
@@ -422,21 +437,29 @@ class MemgateServer:
     def _batch_done(self, facts: int, entries: int, seconds: float) -> None:
         self.metrics.observe_batch(facts, entries)
 
-    def _watch_store(self) -> None:
-        """A store on a database server (PostgreSQL) can be lost and come back: health says
-        NOT_SERVING while it does not answer and SERVING again once it does (a lost database
-        is ``StoreUnreachable``, retryable; a failed disk stays fail-stop)."""
+    def _watch(self) -> None:
+        """Health follows what can come back by itself (every 0.5 s):
+
+        * a store on a database server (PostgreSQL) can be lost and return: NOT_SERVING while
+          it does not answer (``StoreUnreachable``, retryable; a failed disk stays fail-stop);
+        * the model thread can stall: NOT_SERVING while work has waited on it for
+          ``CoreSettings.stall_s`` without a forward finishing (a wedged runtime, a starved
+          machine), SERVING again once forwards finish."""
         ping = getattr(getattr(self.gate, "store", None), "ping", None)
-        if ping is None:
-            return
 
         async def watch() -> None:
             serving = True
             while self._stopping is None and self.engine.alive:
-                up = await asyncio.to_thread(ping, 1.0)
+                store_up = True if ping is None else await asyncio.to_thread(ping, 1.0)
+                stalled = self.engine.stalled
+                up = store_up and not stalled
                 if up != serving and self._stopping is None and self.engine.alive:
                     serving = up
-                    log.warning("store reachable" if up else "store unreachable; NOT_SERVING")
+                    if up:
+                        log.warning("serving again")
+                    else:
+                        why = "store unreachable" if not store_up else "model stage stalled"
+                        log.warning("%s; NOT_SERVING", why)
                     for name in ("", SERVICE_NAME):
                         await self._set_health(name, SERVING if up else NOT_SERVING)
                 await asyncio.sleep(0.5)

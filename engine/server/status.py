@@ -24,6 +24,7 @@ from engine.errors import (
     InvalidInput,
     MemgateError,
     ModelError,
+    NamespaceBusy,
     NotFound,
     Overloaded,
     PermissionDenied,
@@ -57,6 +58,7 @@ STATUS_TABLE: dict[type[MemgateError], Rule] = {
     Overloaded: Rule(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     DeadlineExceeded: Rule(grpc.StatusCode.DEADLINE_EXCEEDED, 504),
     Unavailable: Rule(grpc.StatusCode.UNAVAILABLE, 503),
+    NamespaceBusy: Rule(grpc.StatusCode.UNAVAILABLE, 503),
     StorageFull: Rule(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         429,

@@ -80,8 +80,24 @@ class StoreSettings:
     """Most events an as-of read may walk back over (the namespace's events after the point
     it asks for): an older point is refused with ``InvalidInput``. Bounds the cost of as-of
     reads to this many event rows plus the memories they touched."""
+    lock_timeout_s: float = 5.0
+    """How long a write waits for a namespace's lock held by another writer (another replica's
+    PostgreSQL transaction) before it fails with ``NamespaceBusy`` (UNAVAILABLE, retryable,
+    naming the namespace). A few seconds: a caller retries elsewhere or later instead of
+    spending its deadline, and the wait holds up only that namespace (``--lock-timeout``).
+    SQLite's own wait on its file lock is ``busy_timeout_ms``."""
+    lock_hold_s: float = 15.0
+    """Longest a transaction holding namespace locks may sit idle between two statements
+    (PostgreSQL's ``idle_in_transaction_session_timeout``): a replica frozen or cut off while
+    it holds a namespace loses the lock after this long. A live holder renews its lease (a
+    heartbeat statement every ``min(5, lock_hold_s / 3)`` s), so its model work between the
+    decision and the commit may take longer (``--lock-hold-timeout``)."""
 
     def __post_init__(self) -> None:
+        if not 0.01 <= self.lock_timeout_s <= 3600:
+            raise InvalidInput(f"lock_timeout_s must be in [0.01, 3600], got {self.lock_timeout_s}")
+        if not 1.0 <= self.lock_hold_s <= 86400:
+            raise InvalidInput(f"lock_hold_s must be in [1, 86400], got {self.lock_hold_s}")
         if not 0 <= self.busy_timeout_ms <= 600_000:
             raise InvalidInput(
                 f"busy_timeout_ms must be in [0, 600000], got {self.busy_timeout_ms}"

@@ -11,6 +11,14 @@ erasure. What differs is what sharing needs:
   transaction is opened before the gate reads anything and the commit is written into it, so
   no other replica can change the namespace between what a decision saw and what it commits.
   A connection lost in between aborts the transaction and releases the lock: nothing half-done.
+* **Lock waits and holds are bounded.** A writer waits at most ``StoreSettings.lock_timeout_s``
+  for a namespace held elsewhere (PostgreSQL's ``lock_timeout``), then fails with
+  ``NamespaceBusy`` naming it (UNAVAILABLE, retryable). A holder that stops talking loses the
+  lock: ``idle_in_transaction_session_timeout`` (``StoreSettings.lock_hold_s``) ends the
+  session of a frozen replica, and TCP keepalives on both ends (libpq's ``keepalives_*``, the
+  server's ``tcp_keepalives_*``) end one cut off by the network. A live holder renews its
+  lease: a heartbeat runs ``SELECT 1`` in each held transaction every few seconds, so a
+  decision's model work may outlast the idle bound.
 * **The event log has a per-namespace sequence**: ``namespaces.seq`` is incremented in the
   same statement that writes an event, under the namespace lock, so a namespace's events are
   committed in ``seq`` order and a reader that has seen ``seq`` never misses an earlier event.
@@ -46,6 +54,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from engine.errors import (
     InvalidInput,
     MemgateError,
+    NamespaceBusy,
     StorageError,
     StorageFull,
     StoreUnreachable,
@@ -190,9 +199,17 @@ class PostgresSettings:
     ``StoreUnreachable`` (short: a lost database must answer UNAVAILABLE within a client's
     deadline, not hang it). Failed reconnections are retried for as long, then afresh by the
     next call, so the store reconnects within about this long once the database is back."""
-    lock_timeout_s: float = 60.0
+    lock_timeout_s: float | None = None
     """How long a writer waits for another replica's lock on a namespace before giving up
-    with ``Unavailable`` (a retry can succeed)."""
+    with ``NamespaceBusy`` (a retry can succeed). None: ``StoreSettings.lock_timeout_s``."""
+    keepalive_idle_s: int = 5
+    """TCP keepalives, both ends: seconds of silence before the first probe..."""
+    keepalive_interval_s: int = 2
+    """...seconds between probes..."""
+    keepalive_count: int = 3
+    """...and unanswered probes before the connection is dropped (a lost peer is noticed in
+    about ``idle + interval x count`` seconds; the server then ends the session and frees its
+    locks)."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.pool_size <= 1000:
@@ -203,8 +220,12 @@ class PostgresSettings:
             )
         if not 0.1 <= self.wait_s <= 600:
             raise InvalidInput(f"wait_s must be in [0.1, 600], got {self.wait_s}")
-        if not 0.01 <= self.lock_timeout_s <= 3600:
+        if self.lock_timeout_s is not None and not 0.01 <= self.lock_timeout_s <= 3600:
             raise InvalidInput(f"lock_timeout_s must be in [0.01, 3600], got {self.lock_timeout_s}")
+        for name in ("keepalive_idle_s", "keepalive_interval_s", "keepalive_count"):
+            value = getattr(self, name)
+            if not 1 <= value <= 3600:
+                raise InvalidInput(f"{name} must be in [1, 3600], got {value}")
 
 
 def namespace_key(namespace: str) -> int:
@@ -229,6 +250,13 @@ def _translate(exc: BaseException, what: str, where: str) -> MemgateError:
         return StorageFull(f"{what}: the database server's disk is full")
     if isinstance(exc, pgerrors.LockNotAvailable | pgerrors.QueryCanceled):
         return Unavailable(f"{what}: the namespace is locked by another writer; retry")
+    if isinstance(exc, pgerrors.IdleInTransactionSessionTimeout):
+        # This replica sat on its namespaces past the hold bound (frozen, cut off): the
+        # database ended the session and freed the locks; nothing of it was committed.
+        return StoreUnreachable(
+            f"{what}: the database ended this transaction after it held its namespaces idle "
+            "past the lock-hold bound; nothing was committed, retry"
+        )
     if isinstance(exc, pgerrors.TransactionRollback):
         return Unavailable(f"{what}: the transaction was rolled back by the database; retry")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
@@ -237,6 +265,54 @@ def _translate(exc: BaseException, what: str, where: str) -> MemgateError:
         return InvalidInput(f"{what}: the database refused a value ({exc.sqlstate})")
     sqlstate = getattr(exc, "sqlstate", None) or type(exc).__name__
     return StorageError(f"{what} failed: {sqlstate}")
+
+
+class _Heartbeat:
+    """Keeps the lock-holding transactions of this process from looking idle: every ``every``
+    seconds each one runs ``SELECT 1`` (a lease renewal). A decision's model work between its
+    reads and its commit may then take longer than ``idle_in_transaction_session_timeout``,
+    while a frozen process (whose heartbeat freezes with it) still loses its locks by that
+    bound, and a cut-off one by it or the TCP keepalives."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._guard = threading.Lock()
+        self._held: dict[int, tuple[psycopg.Connection[Any], threading.Lock]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            self._held[id(conn)] = (conn, threading.Lock())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="memgate-store-lease", daemon=True
+                )
+                self._thread.start()
+
+    def remove(self, conn: psycopg.Connection[Any]) -> None:
+        with self._guard:
+            entry = self._held.pop(id(conn), None)
+        if entry is not None:
+            with entry[1]:  # a renewal in progress on it ends first
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._every):
+            with self._guard:
+                entries = list(self._held.items())
+            for key, (conn, busy) in entries:
+                with busy:
+                    with self._guard:
+                        if key not in self._held:
+                            continue  # committed meanwhile: the connection is the pool's
+                    try:
+                        conn.execute("SELECT 1")
+                    except psycopg.Error:
+                        pass  # the transaction failed or the connection is gone: its owner sees
 
 
 class _Bound:
@@ -282,7 +358,17 @@ class PostgresStore(SQLStore):
         self._local = threading.local()
         self._closed = False
         self._first_contact(dsn)
-        lock_ms = int(pg.lock_timeout_s * 1000)
+        lock_s = settings.lock_timeout_s if pg.lock_timeout_s is None else pg.lock_timeout_s
+        self._lock_timeout_s = lock_s
+        self._heartbeat = _Heartbeat(min(5.0, settings.lock_hold_s / 3))
+        lock_ms = max(1, int(lock_s * 1000))
+        hold_ms = max(1000, int(settings.lock_hold_s * 1000))
+        ka = (pg.keepalive_idle_s, pg.keepalive_interval_s, pg.keepalive_count)
+        options = (
+            f"-c lock_timeout={lock_ms} -c idle_in_transaction_session_timeout={hold_ms} "
+            f"-c tcp_keepalives_idle={ka[0]} -c tcp_keepalives_interval={ka[1]} "
+            f"-c tcp_keepalives_count={ka[2]}"
+        )
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             dsn,
             min_size=1,
@@ -291,7 +377,11 @@ class PostgresStore(SQLStore):
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(1, int(pg.connect_timeout_s)),
-                "options": f"-c lock_timeout={lock_ms}",
+                "options": options,
+                "keepalives": 1,
+                "keepalives_idle": ka[0],
+                "keepalives_interval": ka[1],
+                "keepalives_count": ka[2],
             },
             check=ConnectionPool.check_connection,
             timeout=pg.wait_s,
@@ -350,6 +440,7 @@ class PostgresStore(SQLStore):
         if self._closed:
             return
         self._closed = True
+        self._heartbeat.close()
         self._pool.close()
 
     @property
@@ -413,16 +504,26 @@ class PostgresStore(SQLStore):
         with self._errors(what), self._pool.connection() as conn:
             yield Session(conn, DIALECT)
 
-    @staticmethod
-    def _lock(conn: psycopg.Connection[Any], namespaces: Iterable[str]) -> None:
-        """Begin a transaction holding the advisory lock of each namespace, in sorted order."""
+    def _lock(self, conn: psycopg.Connection[Any], namespaces: Iterable[str]) -> None:
+        """Begin a transaction holding the advisory lock of each namespace, in sorted order;
+        ``NamespaceBusy`` naming them when one stays held elsewhere past the lock timeout."""
         conn.execute("BEGIN")
-        keys = sorted({namespace_key(ns) for ns in namespaces})
-        if keys:
+        names = sorted(set(namespaces))
+        keys = sorted({namespace_key(ns) for ns in names})
+        if not keys:
+            return
+        try:
             conn.execute(
                 "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k ORDER BY k",
                 (keys,),
             )
+        except pgerrors.LockNotAvailable:
+            _rollback(conn)
+            shown = ", ".join(repr(n) for n in names[:5]) + (" ..." if len(names) > 5 else "")
+            raise NamespaceBusy(
+                f"namespace {shown} is locked by another writer (another replica) for more "
+                f"than the lock timeout ({self._lock_timeout_s:g} s); nothing was written, retry"
+            ) from None
 
     @contextmanager
     def _transaction(self, what: str, namespaces: Iterable[str]) -> Iterator[Session]:
@@ -465,9 +566,11 @@ class PostgresStore(SQLStore):
                 _rollback(conn)
                 raise
             bound = self._local.bound = _Bound(conn, names)
+            self._heartbeat.add(conn)
             try:
                 yield
             finally:
+                self._heartbeat.remove(conn)
                 self._local.bound = None
                 if bound.open:
                     _rollback(conn)

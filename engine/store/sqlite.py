@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine.errors import InvalidInput, StorageError, StorageFull, Unavailable
+from engine.errors import InvalidInput, NamespaceBusy, StorageError, StorageFull, Unavailable
 from engine.store._sql import Dialect, Session, SQLStore
 from engine.store.base import StoreSettings
 
@@ -185,14 +185,19 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "database is locked" in str(exc).lower()
 
 
-def _translate(exc: sqlite3.Error, what: str) -> StorageError | Unavailable:
+def _translate(
+    exc: sqlite3.Error, what: str, namespaces: Iterable[str] = ()
+) -> StorageError | Unavailable:
     """Map a sqlite3 error onto the memgate hierarchy, without leaking paths or SQL.
 
     A lock held by another process past ``busy_timeout_ms`` (a second engine, a backup) is
-    ``Unavailable``: nothing was written, a retry can succeed, and it is no reason to stop."""
+    ``NamespaceBusy`` (``Unavailable``) naming the write's namespaces: nothing was written, a
+    retry can succeed, and it is no reason to stop."""
     name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
     if _is_busy(exc):
-        return Unavailable(f"{what}: the database is locked by another process; retry")
+        names = sorted(set(namespaces))
+        shown = f" (namespace {', '.join(repr(n) for n in names[:5])})" if names else ""
+        return NamespaceBusy(f"{what}{shown}: the database is locked by another process; retry")
     if _is_full(exc):
         return StorageFull(f"{what}: the database or disk is full")
     return StorageError(f"{what} failed: {name}")
@@ -448,7 +453,7 @@ class SQLiteStore(SQLStore):
 
         ``BEGIN IMMEDIATE`` takes the file's write lock at once, which serialises every
         writer: ``namespaces`` need no lock of their own."""
-        with self._session(what, "BEGIN IMMEDIATE") as db:
+        with self._session(what, "BEGIN IMMEDIATE", namespaces) as db:
             yield db
 
     @contextmanager
@@ -458,7 +463,7 @@ class SQLiteStore(SQLStore):
             yield db
 
     @contextmanager
-    def _session(self, what: str, begin: str) -> Iterator[Session]:
+    def _session(self, what: str, begin: str, namespaces: Iterable[str] = ()) -> Iterator[Session]:
         with self._lock:
             self._check_open()
             conn = self._conn
@@ -468,7 +473,7 @@ class SQLiteStore(SQLStore):
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._rollback()
-                error = _translate(exc, what)
+                error = _translate(exc, what, namespaces)
                 if _poisons(exc) and isinstance(error, StorageError):
                     self._failed = error
                 raise error from exc

@@ -16,6 +16,7 @@ import pytest
 from engine.runtime.base import BatchSettings, batch_invariant
 from engine.runtime.loader import ModelChoice, resolve_nli
 from engine.runtime.nli import NLIScorer
+from engine.runtime.tuning import CANDIDATES
 
 pytestmark = pytest.mark.model
 
@@ -65,7 +66,8 @@ def test_batched_scores_match_scores_alone(
     pairs = _pairs(SETS[pair_set])
     alone = NLIScorer(manifest, batching=BatchSettings(max_batch=1)).contradiction(pairs)
     rng = np.random.default_rng(0)
-    for size in (8, 128):
+    # Every sub-batch size the tuner may choose (engine.runtime.tuning), and 128.
+    for size in sorted({*CANDIDATES[1:], 128}):
         scorer = NLIScorer(manifest, batching=BatchSettings(max_batch=size))
         assert not scorer.row_invariant and scorer.max_batch == size
         order = rng.permutation(len(pairs))  # arrival order: batch-mates of every length

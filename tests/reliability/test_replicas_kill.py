@@ -284,3 +284,154 @@ def test_an_unreachable_database_at_start_is_a_clear_error(tmp_path: Path, tiny:
     assert code != 0, log
     assert "postgresql://memgate:***@127.0.0.1" in log, log
     assert "s3cret-word" not in log, log
+
+
+# -- issue 34: a replica frozen while it holds a namespace ---------------------------------------
+LOCK_TIMEOUT_S = 2.0
+HOLD_S = 8.0
+LOCK_FLAGS = ("--lock-timeout", str(LOCK_TIMEOUT_S), "--lock-hold-timeout", str(HOLD_S))
+HOT = "frozen/hot"
+
+
+def _advisory_holders(dsn: str) -> set[int]:
+    """Backend pids holding a namespace advisory lock in this database (only HOT is written
+    through the frozen replica, so every such lock is HOT's)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def _code(exc: BaseException) -> str:
+    return str(getattr(exc, "code", type(exc).__name__))
+
+
+def test_a_replica_frozen_holding_a_namespace_stalls_only_that_namespace(
+    tmp_path: Path, tiny: Path, pg_dsn: str, figures: Any
+) -> None:
+    import os
+    import signal
+
+    flags = (*TINY_FLAGS, "--store", pg_dsn, *LOCK_FLAGS)
+    p = start_server(tmp_path / "p", cache_dir=tiny, flags=flags, timeout=120)
+    q = start_server(tmp_path / "q", cache_dir=tiny, flags=flags, timeout=120)
+    acked: dict[str, str] = {}
+    codes: Counter[str] = Counter()
+    frozen = False
+    stop_feed = threading.Event()
+
+    def feed_p() -> None:
+        # Large batches to HOT keep P's namespace lock held for a while at a time.
+        with MemgateClient(p.target, timeout=120.0, retry=False) as client:
+            n = 0
+            while not stop_feed.is_set():
+                n += 1
+                facts = [
+                    Fact(HOT, f"P batch {n} episode {i} was logged.", kind="episodic")
+                    for i in range(256)
+                ]
+                try:
+                    for d in client.write(facts).decisions:
+                        acked[d.fact.text] = d.memory_id or ""
+                except MemgateError as exc:
+                    codes[f"p:{_code(exc)}"] += 1
+
+    def write(client: MemgateClient, fact: Fact) -> str:
+        try:
+            [d] = client.write([fact]).decisions
+        except MemgateError as exc:
+            codes[_code(exc)] += 1
+            return f"{_code(exc)}: {exc}"
+        acked[fact.text] = d.memory_id or ""
+        codes["OK"] += 1
+        return "OK"
+
+    feeder = threading.Thread(target=feed_p, daemon=True)
+    try:
+        feeder.start()
+        # Freeze P while one of its transactions holds HOT's lock (checked after the freeze).
+        for _ in range(400):
+            if _advisory_holders(pg_dsn):
+                os.kill(p.pid, signal.SIGSTOP)
+                if _advisory_holders(pg_dsn):
+                    frozen = True
+                    break
+                os.kill(p.pid, signal.SIGCONT)
+            time.sleep(0.005)
+        assert frozen, "P never held HOT's lock when frozen"
+        stop_feed.set()
+        with MemgateClient(q.target, timeout=30.0, retry=False) as client:
+            # Other namespaces on Q proceed while P holds HOT.
+            others = [
+                write(client, Fact(f"frozen/other{i % 4}", f"other write {i}.", kind="episodic"))
+                for i in range(12)
+            ]
+            others += [
+                write(client, Fact(f"frozen/keyed{i % 2}", f"plan v{i}", key="plan"))
+                for i in range(4)
+            ]
+            # A recall of HOT needs no lock: it is answered too.
+            recalled = client.recall(HOT, "episode", k=3)
+            # A write to HOT waits at most the lock timeout, then a retryable UNAVAILABLE
+            # naming the namespace (the client's 30 s deadline is far away).
+            hot = write(client, Fact(HOT, "Q plan v1", key="plan", idempotency_key="q-hot-1"))
+            still_held = bool(_advisory_holders(pg_dsn))
+            # The frozen holder loses the lock within the hold bound: HOT is writable again
+            # while P is still frozen.
+            after: list[str] = []
+            for _ in range(60):
+                after.append(
+                    write(client, Fact(HOT, "Q plan v1", key="plan", idempotency_key="q-hot-1"))
+                )
+                if after[-1] == "OK":
+                    break
+                time.sleep(0.5)
+            hot_ok_while_frozen = after[-1] == "OK" and p.alive()
+        os.kill(p.pid, signal.SIGCONT)
+        frozen = False
+        # P comes back: its transaction was ended by the database; it serves again.
+        with MemgateClient(p.target, timeout=30.0, write_attempts=20) as client:
+            again = write(client, Fact(HOT, "P plan v2", key="plan", idempotency_key="p-hot-2"))
+        feeder.join(120)
+        assert not feeder.is_alive(), "P's feeder hung"
+    finally:
+        if frozen:
+            os.kill(p.pid, signal.SIGCONT)
+        stop_feed.set()
+        p.kill()
+        q.kill()
+
+    names = [HOT, *(f"frozen/other{i}" for i in range(4)), "frozen/keyed0", "frozen/keyed1"]
+    with open_store(pg_dsn) as store:
+        memories = {ns: stored(store, ns) for ns in names}
+    by_id = {m.id: m for ms in memories.values() for m in ms}
+    lost = [t for t, i in acked.items() if i not in by_id or by_id[i].text != t]
+    faults = {ns: chain_faults(ms) for ns, ms in memories.items()}
+    forks = sum(len(f.forks) + len(f.broken_links) + len(f.multi_active) for f in faults.values())
+    figures.record(
+        "34.1 a replica frozen holding a namespace",
+        lock_timeout_s=LOCK_TIMEOUT_S,
+        hold_s=HOLD_S,
+        other_namespace_writes=len(others),
+        other_namespace_ok=others.count("OK"),
+        hot_write_while_held=hot.split(":")[0],
+        hot_attempts_until_ok=len(after),
+        codes=dict(codes),
+        acked=len(acked),
+        lost=len(lost),
+        forks=forks,
+    )
+    assert others == ["OK"] * len(others), others
+    assert recalled is not None
+    assert still_held, "the lock was gone before the HOT write was tried: nothing was tested"
+    assert hot.startswith("StatusCode.UNAVAILABLE") or hot.startswith("UNAVAILABLE"), hot
+    assert HOT in hot, hot  # the refusal names the namespace
+    assert hot_ok_while_frozen, after
+    assert again == "OK", again
+    assert lost == [], lost[:10]
+    assert forks == 0, faults
+    assert "INTERNAL" not in " ".join(codes), codes

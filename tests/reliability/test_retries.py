@@ -309,7 +309,9 @@ def test_a_retry_sharing_a_batch_with_a_new_write_of_its_key(
         team = c.write([Fact(ns, "Plan: Team", key="plan")]).decisions[0]
         gate.block()
         with ThreadPoolExecutor(3) as pool:
-            blocker = pool.submit(c.write, [Fact("retry/other", "Held.", kind="episodic")])
+            # The blocker writes the same namespace: batches of one namespace run one after
+            # the other (other namespaces would go by on another lane).
+            blocker = pool.submit(c.write, [Fact(ns, "Held.", kind="episodic")])
             assert gate.entered.wait(60)
             server = st.server
             assert server is not None

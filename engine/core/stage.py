@@ -1,0 +1,272 @@
+"""The model stage: one thread that runs model forwards and nothing else.
+
+::
+
+    lane thread (one batch of one namespace set: parse, SQL, lock wait, decide, commit)
+        -> Staged.embed / Staged.score
+             tokenise                                  on the lane
+             -> ModelStage queue (FIFO)
+                  merge the waiting calls of one model,
+                  bucket + pad, forward, pool / softmax  on the model thread
+             <- this call's rows
+
+The lanes (:class:`~engine.core.batcher.Batcher`) run the gate's steps for different namespaces
+at once; only the models run here. Calls of one model from several lanes that wait together
+are merged into one call (cut into the runtime's length-sorted forward passes), so forwards
+stay batched across namespaces although each lane decides one namespace set; row invariance
+(batch-invariant graphs, ``tests/model/test_invariance.py``) makes a row's result independent
+of its batch-mates. A lane's call larger than ``chunk`` items goes in pieces, so a 5,000-pair
+call cannot hold the model while another lane's 10-pair call waits. This is infinity's
+preprocess / forward / postprocess split with TEI's one queue in front of the model.
+
+The stage keeps the figures the engine needs:
+
+* **model seconds per caller** (:meth:`ModelStage.charged`): a lane's share (by rows) of the
+  merged calls it took part in, so the admission rate estimate counts model time, never lock
+  or store waits;
+* **progress** (:meth:`ModelStage.stalled_s`): how long work has waited on the model thread
+  without a call finishing, which turns health NOT_SERVING when the model is stuck.
+
+A model without ``tokenize / bucket / forward / postprocess`` (a fake) runs whole on the model
+thread, one call at a time. Pure threading and a clock: no model, no I/O imported here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+__all__ = ["ModelStage", "Staged"]
+
+T = TypeVar("T")
+
+CHUNK = 64
+"""Most items of one lane's call in one trip to the model thread."""
+MERGE = 256
+"""Most items of merged calls in one model call."""
+
+
+class _Charge:
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+@dataclass(eq=False)
+class _Job:
+    future: Future[Any]
+    charge: _Charge | None
+    model: Any = None
+    """Merged calls: the runtime, and this call's tokenised items."""
+    encodings: list[Any] = field(default_factory=list)
+    clipped: int = 0
+    fn: Callable[[], Any] | None = None
+    """A call that runs as it is (a model without the split steps)."""
+
+
+class ModelStage:
+    """One model thread; calls run on it in arrival order, merged per model where they can.
+
+    ``clock`` measures model time and progress (tests pass a fake one); ``merge`` bounds the
+    items of one merged call."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, merge: int = MERGE) -> None:
+        self._clock = clock
+        self._merge = merge
+        self._cv = threading.Condition()
+        self._queue: deque[_Job] = deque()
+        self._local = threading.local()
+        self._closed = False
+        self._since: float | None = None
+        """When the oldest waiting call arrived at an idle stage, or the last call finished."""
+        self._busy = 0
+        self.forwards = 0
+        """Model calls finished since start (a merged call counts once)."""
+        self.busy_s = 0.0
+        """Seconds the model thread spent in model calls since start."""
+        self.merged = 0
+        """Calls that shared a model call with an earlier one."""
+        self._thread = threading.Thread(target=self._loop, name="memgate-model", daemon=True)
+        self._thread.start()
+
+    # -- what lanes call ------------------------------------------------------------------------
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the model thread and wait for it. Its seconds are charged to
+        the caller's :meth:`charged` block. On the model thread itself, or once the stage is
+        closed, it runs in place."""
+        if self._closed or threading.current_thread() is self._thread:
+            return fn(*args)
+        job = _Job(Future(), self._charge(), fn=lambda: fn(*args))
+        result: T = self._submit(job)
+        return result
+
+    def rows(self, model: Any, encodings: list[Any], clipped: int = 0) -> Any:
+        """The runtime's output rows for ``encodings`` (tokenised by the caller), computed on
+        the model thread together with other callers' waiting encodings of ``model``."""
+        if self._closed or threading.current_thread() is self._thread:
+            return _call(model, [encodings], [clipped])[0]
+        job = _Job(Future(), self._charge(), model=model, encodings=encodings, clipped=clipped)
+        return self._submit(job)
+
+    @contextmanager
+    def charged(self) -> Iterator[_Charge]:
+        """Count the model seconds of this thread's calls inside the block."""
+        charge = _Charge()
+        previous = getattr(self._local, "charge", None)
+        self._local.charge = charge
+        try:
+            yield charge
+        finally:
+            self._local.charge = previous
+
+    # -- what the engine reads ------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        """Calls queued or running on the model thread."""
+        with self._cv:
+            return len(self._queue) + self._busy
+
+    def stalled_s(self) -> float:
+        """Seconds since the model thread last made progress while calls wait on it; 0 when
+        it has none."""
+        with self._cv:
+            if not (self._queue or self._busy) or self._since is None:
+                return 0.0
+            return max(0.0, self._clock() - self._since)
+
+    def close(self) -> None:
+        """Finish the queued calls, stop the thread; later calls run in place."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _charge(self) -> _Charge | None:
+        return getattr(self._local, "charge", None)
+
+    def _submit(self, job: _Job) -> Any:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the model stage is closed")
+            if not self._queue and not self._busy:
+                self._since = self._clock()
+            self._queue.append(job)
+            self._cv.notify()
+        return job.future.result()
+
+    def _take(self) -> list[_Job] | None:
+        with self._cv:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._cv.wait()
+            first = self._queue.popleft()
+            jobs = [first]
+            if first.fn is None:
+                items = len(first.encodings)
+                for job in list(self._queue):  # every waiting call of this model, in order
+                    if job.model is not first.model or items + len(job.encodings) > self._merge:
+                        continue
+                    self._queue.remove(job)
+                    jobs.append(job)
+                    items += len(job.encodings)
+            self._busy = len(jobs)
+            return jobs
+
+    def _loop(self) -> None:
+        while True:
+            jobs = self._take()
+            if jobs is None:
+                return
+            t0 = self._clock()
+            try:
+                if jobs[0].fn is not None:
+                    results = [jobs[0].fn()]
+                else:
+                    results = _call(
+                        jobs[0].model, [j.encodings for j in jobs], [j.clipped for j in jobs]
+                    )
+                error: BaseException | None = None
+            except BaseException as exc:  # noqa: BLE001 - handed to every caller of the call
+                error, results = exc, []
+            now = self._clock()
+            spent = now - t0
+            with self._cv:
+                self._busy = 0
+                self._since = now
+                self.forwards += 1
+                self.busy_s += spent
+                self.merged += len(jobs) - 1
+            total = sum(max(1, len(j.encodings)) for j in jobs)
+            for i, job in enumerate(jobs):
+                if job.charge is not None:
+                    job.charge.seconds += spent * max(1, len(job.encodings)) / total
+                if error is not None:
+                    job.future.set_exception(error)
+                else:
+                    job.future.set_result(results[i])
+
+
+def _call(model: Any, parts: list[list[Any]], clipped: list[int]) -> list[Any]:
+    """One model call over every part's encodings; the output rows split back per part."""
+    flat = [e for part in parts for e in part]
+    prepared = model.bucket(flat, clipped=sum(clipped))
+    rows = model.postprocess(model.forward(prepared), prepared)
+    out, start = [], 0
+    for part in parts:
+        out.append(rows[start : start + len(part)])
+        start += len(part)
+    return out
+
+
+class Staged:
+    """A runtime (embedder or NLI scorer) whose model work runs on a :class:`ModelStage`.
+
+    ``embed`` and ``score`` tokenise on the calling thread and send the tokens to the model
+    thread (in pieces of at most ``CHUNK`` items); every other attribute (``dim``,
+    ``manifest``, labels, ``token_lengths``) is the wrapped runtime's own."""
+
+    def __init__(self, model: Any, stage: ModelStage, *, chunk: int = CHUNK) -> None:
+        self._model = model
+        self._stage = stage
+        self._chunk = chunk
+        steps = ("tokenize", "bucket", "forward", "postprocess")
+        self._split = all(callable(getattr(model, name, None)) for name in steps)
+
+    @property
+    def wrapped(self) -> Any:
+        return self._model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def _call(self, whole: str, items: Sequence[Any]) -> Any:
+        if not items:
+            return getattr(self._model, whole)(items)
+        if not self._split:
+            return self._stage.run(getattr(self._model, whole), items)
+        encodings, clipped = self._model.tokenize(items)
+        parts = [
+            self._stage.rows(self._model, encodings[i : i + self._chunk], clipped if i == 0 else 0)
+            for i in range(0, len(encodings), self._chunk)
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        return self._call("embed", texts)
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> Any:
+        return self._call("score", pairs)
+
+    def contradiction(self, pairs: Sequence[tuple[str, str]]) -> Any:
+        return self.score(pairs)[:, self._model.contradiction_index]
