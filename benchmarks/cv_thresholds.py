@@ -34,10 +34,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import add_common_args, run_header, save_results, table  # noqa: E402
-from benchmarks.bench_quality import HELDOUT_SETS, SHARED_EVAL  # noqa: E402
+from benchmarks.bench_quality import HELDOUT_SETS  # noqa: E402
 
-TUNED_ON = [
-    "dev",
+TUNED_ON = [  # the sets the thresholds were chosen on (dev, outside the repository, too)
     "heldout",
     "heldout-2",
     "heldout-3",
@@ -156,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from engine.runtime.session import SessionSettings
     from engine.tuning.evaluate import load_cases
 
-    paths = {"dev": SHARED_EVAL / "dev.jsonl", **HELDOUT_SETS}
+    paths = dict(HELDOUT_SETS)
     held = [name for name in args.sets if name in HELD_OUT]
     if held:
         raise SystemExit(f"{', '.join(held)}: held out, never choose thresholds on it")
