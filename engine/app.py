@@ -1,5 +1,5 @@
-"""Factories at the edge: build a ready :class:`Engine` from a data directory and a model cache,
-and the batching core (:class:`engine.core.Engine`) over a gate."""
+"""Factories at the edge: build a ready :class:`OpenedEngine` from a data directory and a model
+cache, and the batching core (:class:`engine.core.Engine`) over a gate."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from engine.runtime.loader import ModelChoice, load_models
 from engine.runtime.session import SessionSettings
 from engine.store import StoreSettings, open_store
 
-__all__ = ["Engine", "EngineSettings", "build_engine", "open_engine"]
+__all__ = ["EngineSettings", "OpenedEngine", "build_engine", "open_engine"]
 
 log = logging.getLogger("memgate")
 
@@ -141,7 +141,7 @@ def warm_models(embedder: Any, nli: Any) -> float:
 
 
 @dataclass
-class Engine:
+class OpenedEngine:
     gate: Gate[Any, Any]
     settings: EngineSettings
 
@@ -156,14 +156,14 @@ class Engine:
         finally:
             self.gate.store.close()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> OpenedEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Engine:
+def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> OpenedEngine:
     embedder, nli = load_models(
         settings.cache_dir, settings.models, settings.session, settings.batching
     )
@@ -192,4 +192,4 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Eng
     judge = find_judge(settings.cache_dir, embedder, nli) if settings.judge else None
     if judge is not None:
         log.info("%s (bars %.2f / %.2f)", judge.describe(), judge.duplicate_bar, judge.keep_bar)
-    return Engine(Gate(store, index, embedder, nli, settings.gate, judge), settings)
+    return OpenedEngine(Gate(store, index, embedder, nli, settings.gate, judge), settings)

@@ -1,7 +1,7 @@
 """What the framework adapters need from memgate, and its two implementations.
 
 The adapters talk to :class:`GateEngine` only. :class:`LocalEngine` drives an in-process
-:class:`engine.app.Engine` (its ``Gate``); :class:`RemoteEngine` drives a ``memgate serve``
+:class:`engine.app.OpenedEngine` (its ``Gate``); :class:`RemoteEngine` drives a ``memgate serve``
 through :class:`engine.client.MemgateClient`. This is the one module that knows either of them,
 so pointing the adapters at another engine facade means adding one class here.
 """
@@ -54,12 +54,12 @@ class GateEngine(Protocol):
 
 
 class LocalEngine:
-    """A :class:`GateEngine` over an in-process ``Gate`` (``engine.app.Engine().gate``)."""
+    """A :class:`GateEngine` over an in-process ``Gate`` (``engine.app.OpenedEngine().gate``)."""
 
     def __init__(self, gate: Any, *, owner: Any = None) -> None:
         self.gate = gate
         self._owner = owner
-        """The ``engine.app.Engine`` this adapter opened and so closes; None when borrowed."""
+        """The ``engine.app.OpenedEngine`` this adapter opened and so closes; None when borrowed."""
 
     def write(
         self, facts: Sequence[Fact], policy: str, overrides: Mapping[str, Any] | None = None
@@ -153,8 +153,8 @@ class RemoteEngine:
 
 
 def as_gate_engine(engine: Any) -> GateEngine:
-    """Wrap what the user passed: an ``engine.app.Engine``, a ``Gate``, a ``MemgateClient``, or
-    anything that already implements :class:`GateEngine`."""
+    """Wrap what the user passed: an ``engine.app.OpenedEngine``, a ``Gate``, a
+    ``MemgateClient``, or anything that already implements :class:`GateEngine`."""
     client_module = sys.modules.get("engine.client")
     if client_module is not None and isinstance(engine, client_module.MemgateClient):
         return RemoteEngine(engine)
@@ -167,7 +167,7 @@ def as_gate_engine(engine: Any) -> GateEngine:
     if isinstance(getattr(engine, "gate", None), Gate):
         return LocalEngine(engine.gate)
     raise InvalidInput(
-        f"engine must be an engine.app.Engine, a Gate, a MemgateClient or a GateEngine; "
+        f"engine must be an engine.app.OpenedEngine, a Gate, a MemgateClient or a GateEngine; "
         f"got {type(engine).__name__}"
     )
 

@@ -144,7 +144,7 @@ class _Listing:
 
 class GatedLLMClient(LLMClient):
     """Every call goes to ``inner``; a resolve_edge response keeps only the contradictions the
-    gate accepts (see the module). ``engine`` is an in-process ``engine.app.Engine``, its
+    gate accepts (see the module). ``engine`` is an in-process ``engine.app.OpenedEngine``, its
     ``Gate`` or a :class:`~engine.adapters.LocalEngine`: the check needs the models in this
     process, so a remote ``MemgateClient`` is refused."""
 
@@ -160,7 +160,7 @@ class GatedLLMClient(LLMClient):
         if not isinstance(gate_engine, LocalEngine):
             raise InvalidInput(
                 "GatedLLMClient scores facts with the NLI model in this process: pass an "
-                "engine.app.Engine, a Gate or a LocalEngine (a remote MemgateClient cannot)"
+                "engine.app.OpenedEngine, a Gate or a LocalEngine (a remote MemgateClient cannot)"
             )
         gate = gate_engine.gate
         self._init(inner, gate.embedder, gate.nli, gate.settings, settings, on_decision, gate.judge)

@@ -199,7 +199,7 @@ def _home_key(meta: dict[str, Any], target: str | None) -> str:
 class GatedStore(BaseStore):
     """A ``BaseStore`` over ``inner`` whose puts go through memgate (see the module docstring).
 
-    ``engine``: an ``engine.app.Engine``, its ``Gate``, an ``engine.client.MemgateClient`` or
+    ``engine``: an ``engine.app.OpenedEngine``, its ``Gate``, an ``engine.client.MemgateClient`` or
     any :class:`~engine.adapters._engine.GateEngine`. Thread-safe as far as ``inner`` is;
     ``decisions`` is the last batch's, so read it from the thread that wrote.
     """

@@ -57,7 +57,7 @@ from engine.errors import Conflict, InvalidInput, MemgateError, Unavailable
 from engine.store import is_dsn
 
 if TYPE_CHECKING:
-    from engine.app import Engine, EngineSettings
+    from engine.app import EngineSettings, OpenedEngine
     from engine.backfill.job import Job, JobResult, RunState, Status
 
 __all__ = [
@@ -148,7 +148,7 @@ def _check_store(spec: str) -> None:
         )
 
 
-def _open_engine(settings: EngineSettings, store: str) -> Engine:
+def _open_engine(settings: EngineSettings, store: str) -> OpenedEngine:
     """The actor's engine: its own ONNX sessions and index over the shared store (a SQLite
     file, or a PostgreSQL database whose event log every actor's index follows)."""
     from engine.app import open_engine
