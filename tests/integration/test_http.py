@@ -129,6 +129,15 @@ def test_denver_then_chicago_replaces_over_http(h: HttpHarness) -> None:
     assert [e["type"] for e in events["events"]] == ["add", "replace"]
     assert events["next_after_seq"] == events["events"][-1]["seq"]  # 64-bit: a JSON string
 
+    # Latest-only reads say what they hid; an as-of read between the two writes sees Denver.
+    now = c.ok("Recall", {"namespace": ns, "query": QUERY, "k": 3})
+    assert now["hidden"]["superseded"] == 1 and now["hits"][0]["memory"]["id"] == chicago
+    between = str(events["events"][0]["seq"])  # the seq of Denver's add
+    then = c.ok("Recall", {"namespace": ns, "query": QUERY, "k": 3, "as_of": between})
+    assert [hit["memory"]["id"] for hit in then["hits"]] == [denver]
+    old_then = c.ok("Get", {"namespace": ns, "memory_id": denver, "as_of": between})["memory"]
+    assert old_then["status"] == "active"
+
     undone = c.ok("Undo", {"namespace": ns, "memoryId": chicago})  # camelCase is read too
     assert (undone["restored"]["id"], undone["undone"]["status"]) == (denver, "undone")
     hits = c.ok("Recall", {"namespace": ns, "query": QUERY, "k": 1})["hits"]

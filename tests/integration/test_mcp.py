@@ -83,6 +83,9 @@ async def story(session: ClientSession) -> None:
     assert first["memory_id"] not in {hit["id"] for hit in hits}
     chain = (await tool(session, "history", memory_id=second["memory_id"]))["chain"]
     assert [m["id"] for m in chain] == [first["memory_id"], second["memory_id"]]
+    # as of the first write (its event seq is 1 in this fresh namespace): Denver, not Chicago
+    then = (await tool(session, "recall", query=QUERY, k=3, as_of="1"))["hits"]
+    assert [hit["id"] for hit in then] == [first["memory_id"]]
 
     undone = await tool(session, "undo", memory_id=second["memory_id"])
     assert (undone["restored"]["id"], undone["restored"]["status"]) == (
