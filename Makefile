@@ -1,4 +1,5 @@
-# memgate: every target works on a fresh clone. `make demo` and `make test` are the README's two commands.
+# memgate: every target works on a fresh clone. `make serve` and `make test` are the README's two commands;
+# `make check` is what CI runs.
 PY      ?= python3.11
 VENV    ?= .venv
 BIN     := $(VENV)/bin
