@@ -57,12 +57,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _sbin(tool: str) -> str:
+    """``tool`` from PATH, or from the sbin folders a user's PATH may lack (``runuser`` and
+    ``useradd`` live in /usr/sbin)."""
+    found = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
+    return found or tool
+
+
 def _ensure_user() -> None:
     try:
         subprocess.run(["id", "-u", USER], check=True, capture_output=True)
     except subprocess.CalledProcessError:
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
+            [
+                _sbin("useradd"),
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                USER,
+            ],
             check=True,
             capture_output=True,
         )
@@ -205,7 +219,7 @@ class PgCluster:
     def _run(self, argv: Sequence[str], timeout: float = 120) -> None:
         cmd = [str(self.bindir / argv[0]), *argv[1:]]
         if self._as_root:
-            cmd = ["runuser", "-u", USER, "--", *cmd]
+            cmd = [_sbin("runuser"), "-u", USER, "--", *cmd]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(f"{argv[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
