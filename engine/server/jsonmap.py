@@ -49,10 +49,10 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     return bool(field.is_repeated) if hasattr(field, "is_repeated") else field.label == 3
 
 
-def _text_to_wire(value: Any, descriptor: Descriptor) -> Any:
-    """``value`` (a decoded JSON object for ``descriptor``) with its bytes fields' plain strings
-    turned into the base64 that ``json_format`` reads. Anything unexpected is left for
-    ``json_format`` to refuse with its own message."""
+def _map_texts(value: Any, descriptor: Descriptor, text: Callable[[Any], Any]) -> Any:
+    """A copy of ``value`` (a JSON object for ``descriptor``) with ``text`` applied to every
+    bytes field, nested messages and repeated fields included. Anything unexpected is left as
+    it is, for ``json_format`` to refuse with its own message."""
     if not isinstance(value, dict):
         return value
     out = dict(value)
@@ -62,9 +62,9 @@ def _text_to_wire(value: Any, descriptor: Descriptor) -> Any:
             continue
         convert: Callable[[Any], Any]
         if field.type == FieldDescriptor.TYPE_BYTES:
-            convert = _encode_text
+            convert = text
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            convert = partial(_text_to_wire, descriptor=field.message_type)
+            convert = partial(_map_texts, descriptor=field.message_type, text=text)
         else:
             continue
         if _is_repeated(field) and isinstance(item, list):
@@ -72,6 +72,12 @@ def _text_to_wire(value: Any, descriptor: Descriptor) -> Any:
         else:
             out[key] = convert(item)
     return out
+
+
+def _text_to_wire(value: Any, descriptor: Descriptor) -> Any:
+    """``value`` with its bytes fields' plain strings turned into the base64 that
+    ``json_format`` reads."""
+    return _map_texts(value, descriptor, _encode_text)
 
 
 def _encode_text(value: Any) -> Any:
@@ -84,21 +90,7 @@ def _encode_text(value: Any) -> Any:
 
 def _text_from_wire(value: Any, descriptor: Descriptor) -> Any:
     """The inverse of :func:`_text_to_wire`, for responses (``MessageToDict`` output)."""
-    if not isinstance(value, dict):
-        return value
-    for key, item in list(value.items()):
-        field = _fields(descriptor).get(key)
-        if field is None:
-            continue
-        convert: Callable[[Any], Any]
-        if field.type == FieldDescriptor.TYPE_BYTES:
-            convert = _decode_text
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            convert = partial(_text_from_wire, descriptor=field.message_type)
-        else:
-            continue
-        value[key] = [convert(v) for v in item] if isinstance(item, list) else convert(item)
-    return value
+    return _map_texts(value, descriptor, _decode_text)
 
 
 def _decode_text(value: Any) -> Any:
