@@ -151,7 +151,7 @@ def child(db: str, op: str, at: int) -> int:
     hook.armed = True
     _op(store, op, ids)
     hook.armed = False
-    print(json.dumps({"statements": hook.seen}))
+    print(json.dumps({"statements": hook.seen}), flush=True)  # os._exit flushes nothing
     os._exit(0)  # like a crash after the call returned: no close, no checkpoint
 
 
