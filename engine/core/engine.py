@@ -367,6 +367,7 @@ class Engine:
         )
         self._stop_streams: asyncio.Event | None = None
         self._streams_until: float | None = None
+        self._streams_tail = 0.0
         self._closed = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -456,14 +457,21 @@ class Engine:
             except MemgateError:
                 continue
 
-    def stop_streams(self, until: float) -> None:
+    def stop_streams(self, until: float, tail: float = 0.0) -> None:
         """Shutdown, step one: streams read no new fact, start no model call that would end
         after ``until`` (``loop.time()``), deliver what commits before it, and end with
         ``Unavailable`` naming their last committed fact. Unary requests already queued are
-        served under the same cutoff."""
+        served under the same cutoff.
+
+        A batch that started in time can still be committing at ``until`` (a loaded machine
+        runs slower than the estimate): a stream waits up to ``tail`` seconds more for it and
+        delivers it, so that what it names as committed is what was committed. Only a commit
+        landing after ``until + tail`` goes undelivered (the client's replay of it, under its
+        idempotency key, is answered from the record)."""
         self._streams_until = (
             until if self._streams_until is None else min(self._streams_until, until)
         )
+        self._streams_tail = max(self._streams_tail, tail)
         self.batcher.cut_off_at(until)
         if self._stop_streams is not None:
             self._stop_streams.set()
@@ -868,7 +876,7 @@ class _Stream:
                 return got
         until = self.engine._streams_until
         loop = asyncio.get_running_loop()
-        left = None if until is None else max(0.0, until - loop.time())
+        left = None if until is None else max(0.0, until + self.engine._streams_tail - loop.time())
         try:
             async with asyncio.timeout(left):
                 return await asyncio.shield(item.task)

@@ -377,8 +377,11 @@ class MemgateServer:
         loop = asyncio.get_running_loop()
         end = loop.time() + grace
         await self.health.enter_graceful_shutdown()
-        # Model calls must end, and their answers go out, before the grace does.
-        self.engine.stop_streams(end - min(0.25, grace / 4))
+        # Model calls must end, and their answers go out, before the grace does: no batch
+        # starts that would end after the cutoff, and a stream waits for one still committing
+        # at the cutoff for most of the margin that is left before the grace ends.
+        margin = min(1.0, grace / 4)
+        self.engine.stop_streams(end - margin, tail=0.75 * margin)
         await self.health.end_watches()
         drained = await self._interceptor.drain(max(0.0, end - loop.time()))
         log.info(

@@ -288,6 +288,40 @@ def test_stop_streams_delivers_in_flight_and_names_the_last_committed_fact() -> 
     assert all(t <= until_mono + 0.05 for t, _ in gate.committed)
 
 
+@pytest.mark.parametrize("tail", [0.0, 0.4])
+def test_a_batch_committing_past_the_cutoff_is_delivered_within_the_tail(tail: float) -> None:
+    """A batch that started in time but commits after the cutoff (a loaded machine): with a
+    tail the stream waits for it and delivers it; without one it is committed, not delivered,
+    and the stream's last named fact falls one batch short of the store."""
+    gate = FakeGate(delay=0.01)
+
+    async def main() -> tuple[list[int], str]:
+        eng = engine_for(gate)
+        await eng.start()
+        got: list[int] = []
+        loop = asyncio.get_running_loop()
+        message = ""
+        try:
+            async for item in eng.stream(feed(facts(1000), pause=0.001), apply=True):
+                got.append(item.index)
+                if item.index == 5:
+                    gate.gate_open.clear()  # the next batch stalls in the gate...
+                    eng.stop_streams(loop.time() + 0.1, tail=tail)
+                    loop.call_later(0.25, gate.gate_open.set)  # ...and commits after the cutoff
+        except Unavailable as exc:
+            message = str(exc)
+        await eng.close()
+        return got, message
+
+    got, message = run(main())
+    committed = [text for _, text in gate.committed]
+    assert message == shutdown_message(got[-1])
+    if tail:
+        assert committed == [f"f{i}" for i in range(len(got))]  # committed = delivered
+    else:
+        assert len(committed) > len(got)  # the race the tail closes
+
+
 def test_cutoff_refuses_work_that_would_end_after_it() -> None:
     gate = FakeGate(delay=0.2)
 
