@@ -50,3 +50,22 @@ def test_the_row_s_example_decides_as_the_row_says(
     assert got == (ex.action, row.rule), f"{d.rule}, target {target}"
     if ex.target is not None:
         assert target == ex.target, d.rule
+
+
+@pytest.mark.parametrize("row", RUNNING, ids=[str(row.rule) for row in RUNNING])
+def test_under_the_other_policy_the_row_s_rule_leads_to_its_column(
+    row: Row, make_gate: Callable[..., Gate], judge: Judge
+) -> None:
+    """The row's strict and review columns are claims too: the example run under the other
+    one (review for a strict example, strict for a review one) must, where that policy still
+    reports the row's rule, take that column's action (``-``: the rule must not be reported)."""
+    ex = row.example
+    assert ex is not None
+    other, column = ("strict", row.strict) if ex.policy != "strict" else ("review", row.review)
+    gate = make_gate(judge=judge)
+    gate.ingest([_fact(m) for m in ex.memories])
+    d = gate.triage([_fact(ex.fact)], other, overrides=dict(ex.overrides)).decisions[0]
+    if d.rule.partition(":")[0].partition("+")[0] != row.rule:
+        pytest.skip(f"under {other} the example is decided by {d.rule}")
+    assert column != "-", f"{row.rule} is reported under {other}"
+    assert column == "recorded" or d.action == column, (d.action, d.rule)
