@@ -222,6 +222,7 @@ def main() -> int:
     }
     payload["skipped"] = skipped
     results: list[dict[str, Any]] = []
+    judge_seen: set[str] = set()  # sets a judge of this run was fitted on: reported apart
     preds_of: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     fitted: list[dict[str, Any]] = []
     first = sets[0][0]
@@ -262,6 +263,10 @@ def main() -> int:
             print(
                 f"NLI: {model}; {judge.describe() if judge else 'no duplicate judge'}", flush=True
             )
+            seen = judge_sets(judge, payload["sets"])
+            if seen & outside:
+                raise SystemExit(f"the judge was fitted on outside sets: {sorted(seen & outside)}")
+            judge_seen.update(seen)
             store = SQLiteStore(Path(tmp) / f"q-{len(results)}.db")
             gate = Gate(
                 store,
@@ -445,8 +450,9 @@ def main() -> int:
                 title="review policy measures (issue 12, item 5)",
             )
         )
-    groups = _group_table(data, preds_of, outside)
+    groups = _group_table(data, preds_of, outside, judge_seen)
     payload["groups"] = groups
+    payload["judge_fitted_on"] = sorted(judge_seen)
     for f in fitted:
         print(
             f"\n{f['policy']} fitted on {f['fitted_on']}: {f['setting']}; in sample "
@@ -486,13 +492,34 @@ def _memoised(embedder: Any, nli: Any, memos: list[Path]) -> tuple[Any, Any]:
     return emb, model
 
 
+def judge_sets(judge: Any, sets: dict[str, dict[str, Any]]) -> set[str]:
+    """The names among ``sets`` (name -> {"sha256": ...}) whose bytes the judge was fitted on,
+    by the sha256 its provenance records."""
+    if judge is None:
+        return set()
+    fitted = {s.get("sha256") for s in judge.provenance.get("sets") or ()}
+    return {name for name, info in sets.items() if info["sha256"] in fitted}
+
+
+GROUPS = ("ours, unseen by the judge", "ours, judge fitted on them", "outside")
+"""Quality is reported on sets nothing was fitted on: the judge's own sets stand apart."""
+
+
+def group_of(name: str, outside: set[str], judge_seen: set[str]) -> str:
+    if name in outside:
+        return GROUPS[2]
+    return GROUPS[1] if name in judge_seen else GROUPS[0]
+
+
 def _group_table(
     data: dict[str, list[dict[str, Any]]],
     preds_of: dict[tuple[str, str, str], list[dict[str, Any]]],
     outside: set[str],
+    judge_seen: set[str],
 ) -> list[dict[str, Any]]:
-    """Per set group (ours / outside), :data:`GROUP_CONFIGS` side by side over the group's
-    cases pooled: printed, and returned for the JSON."""
+    """Per set group (ours unseen by the judge / ours the judge was fitted on / outside),
+    :data:`GROUP_CONFIGS` side by side over the group's cases pooled: printed, and returned
+    for the JSON."""
     from engine.tuning.scoring import review_measures, score
 
     out = []
@@ -501,9 +528,9 @@ def _group_table(
             continue
         if any(r["config"] == config and r["nli"] == model for r in out):
             continue
-        for group in ("ours", "outside"):
+        for group in GROUPS:
             names = [n for (c, m, n) in preds_of if c == config and m == model]
-            names = [n for n in names if (n in outside) == (group == "outside")]
+            names = [n for n in names if group_of(n, outside, judge_seen) == group]
             if not names:
                 continue
             cases = [c for n in names for c in data[n]]
@@ -525,7 +552,7 @@ def _group_table(
                     "adds_skips_queued": r["adds_skips_queued"],
                 }
             )
-    out.sort(key=lambda g: (g["group"] != "ours", g["nli"], GROUP_CONFIGS.index(g["config"])))
+    out.sort(key=lambda g: (GROUPS.index(g["group"]), g["nli"], GROUP_CONFIGS.index(g["config"])))
     rows = [
         [
             g["group"],
