@@ -347,6 +347,11 @@ _END = object()
 _STOPPED = object()
 
 
+_UNSET: Any = object()
+_POLICIES_KEPT = 256
+"""Distinct (policy, overrides) resolutions an engine keeps (then it starts afresh)."""
+
+
 def _no_check_fact(fact: Fact) -> None:
     return None
 
@@ -389,6 +394,9 @@ class Engine:
         self._validate = validate
         self._check_policy = check_policy
         self._tokenizer = tokenizer
+        self._policies: dict[tuple[str, tuple[tuple[str, Any], ...]], Hashable | None] = {}
+        """Each (policy, overrides) resolved once (``check_policy`` is deterministic for a
+        gate): about 0.1 ms a resolution, which the event loop no longer pays per request."""
         self._on_dead = on_dead
         self._on_batch = on_batch
         self.permits = Permits(
@@ -551,10 +559,19 @@ class Engine:
         """The batch group of a request; the policy and overrides are checked now, not inside
         a shared batch."""
         ov = dict(overrides or {})
-        resolved = self._check_policy(policy, ov)
-        if self._validate is _no_check_fact:
-            resolved = None  # facts this engine did not check are not handed on as checked
-        return TriageGroup(policy, tuple(sorted(ov.items())), apply, resolved)
+        key = (policy, tuple(sorted(ov.items())))
+        try:
+            resolved = self._policies.get(key, _UNSET)
+        except TypeError:  # an unhashable override value: the check refuses it
+            resolved = _UNSET
+        if resolved is _UNSET:
+            resolved = self._check_policy(policy, ov)
+            if self._validate is _no_check_fact:
+                resolved = None  # facts this engine did not check are not handed on as checked
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()
+            self._policies[key] = resolved
+        return TriageGroup(policy, key[1], apply, resolved)
 
     def check_fact(self, fact: Fact, index: int | None = None) -> None:
         """Raise ``InvalidInput`` (naming the fact's position) for a fact the gate refuses."""

@@ -422,7 +422,8 @@ def test_the_gate_gets_checked_facts_the_resolved_policy_and_their_encodings() -
 
     run(main())
     assert checked == ["a b", "c", "e", " "]  # once each: "d" came checked
-    assert resolved == [("strict", {"top_k": 3}), ("strict", {}), ("strict", {})]
+    # resolved once per distinct (policy, overrides), not per request
+    assert resolved == [("strict", {"top_k": 3}), ("strict", {})]
     (facts1, policy1, ov1), (facts2, policy2, ov2) = gate.seen
     assert isinstance(facts1, ValidFacts) and [f.text for f in facts1] == ["a b", "c"]
     assert policy1 == ("strict", (("top_k", 3),)) and ov1 is None  # resolved, handed on as is
