@@ -4,8 +4,9 @@ cache, and the batching core (:class:`engine.core.Engine`) over a gate."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -59,36 +60,33 @@ class EngineSettings:
 def build_engine(
     gate: Any, settings: CoreSettings | None = None, *, exact_tokens: bool = True, **hooks: Any
 ) -> CoreEngine:
-    """The batching core over ``gate``, with the gate's own checks and the embedder's tokenizer
-    (real token counts for the batch budget; ``exact_tokens=False``: the len/4 estimate) wired
-    in. ``hooks``: ``on_dead``, ``on_batch``."""
+    """The batching core over ``gate``, with the gate's own rule and policy and the embedder's
+    tokenizer wired in: the core checks each fact (``validate_fact``), resolves the policy
+    once (``gate.policy``: named policy, model thresholds, judge bars, overrides) and
+    tokenises each text once (``encode_items``: real token counts for the batch budget, and
+    the encodings for the model call; ``exact_tokens=False``: the len/4 estimate), and the gate
+    takes all three as they are. ``hooks``: ``on_dead``, ``on_batch``."""
     gate_settings = getattr(gate, "settings", None) or GateSettings()
-
-    def validate(fact: Any) -> None:
-        validate_fact(fact, gate_settings)
-
-    def check_policy(name: str, overrides: Mapping[str, Any]) -> None:
-        policy_by_name(name).with_overrides(dict(overrides))
-
-    lengths = getattr(getattr(gate, "embedder", None), "token_lengths", None)
-    counter = None
-    if exact_tokens and callable(lengths):
-
-        def counter(texts: Sequence[str]) -> list[int]:
-            return list(lengths(list(texts)))
-
+    policy = getattr(gate, "policy", None)
+    encode = getattr(getattr(gate, "embedder", None), "encode_items", None)
     stage = ModelStage()
     models = stage_models(gate, stage)
     return CoreEngine(
         gate,
         settings,
-        validate=validate,
-        check_policy=check_policy,
-        token_counter=counter,
+        validate=partial(validate_fact, settings=gate_settings),
+        check_policy=policy if callable(policy) else _check_named,
+        tokenizer=encode if exact_tokens and callable(encode) else None,
         stage=stage,
         warm=None if models is None else lambda: warm_models(*models),
         **hooks,
     )
+
+
+def _check_named(name: str, overrides: Mapping[str, Any]) -> None:
+    """A gate without its own :meth:`Gate.policy`: refuse what ``policy_by_name`` would; the
+    gate resolves the policy itself (None)."""
+    policy_by_name(name).with_overrides(dict(overrides))
 
 
 def _innermost(gate: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ __all__ = [
     "Memory",
     "ReviewItem",
     "Status",
+    "ValidFacts",
 ]
 
 Kind = Literal["episodic", "semantic", "procedural"]
@@ -50,6 +52,41 @@ class Fact:
     ttl_s: float | None = None
     """Seconds from the write until it expires (instead of ``expires_at``); without either,
     the policy's default TTL for the fact's kind applies, if any."""
+
+
+class ValidFacts(tuple[Fact, ...]):
+    """Facts checked once, at the edge, by the gate's fact rule
+    (:func:`engine.gate.gate.validate_fact`): nothing downstream checks them again.
+
+    Made by whoever ran the rule: the engine core (:meth:`engine.core.Engine.triage`, for the
+    server and every in-process caller) hands a batch to ``Gate.triage`` as ``ValidFacts``
+    together with the policy it resolved, and the gate takes both as they are; a plain
+    sequence of facts is checked by the gate itself (direct library callers). A tuple, so
+    every gate wrapper that iterates or counts its facts keeps working.
+
+    ``encoded``: when set, one entry per fact, the embedder's encoding of the fact's text made
+    for the batch's token budget (:meth:`engine.runtime.base.TokenModel.encode_items`); the
+    gate's embed step hands them to the embedder, which does not tokenise those texts again
+    (TEI's queue entries carry their encodings the same way). Opaque here: no tokenizer is
+    imported by the pure records."""
+
+    encoded: tuple[Any, ...] | None = None
+
+    @classmethod
+    def of(cls, facts: Iterable[Fact], encoded: Sequence[Any] | None) -> ValidFacts:
+        """``facts`` with their encodings (one per fact)."""
+        made = cls(facts)
+        if encoded is not None:
+            if len(encoded) != len(made):
+                raise ValueError(f"{len(encoded)} encodings for {len(made)} facts")
+            made.encoded = tuple(encoded)
+        return made
+
+    def pick(self, indexes: Iterable[int]) -> ValidFacts:
+        """The facts at ``indexes``, in that order, each with its encoding."""
+        at = list(indexes)
+        encoded = None if self.encoded is None else [self.encoded[i] for i in at]
+        return ValidFacts.of([self[i] for i in at], encoded)
 
 
 @dataclass(frozen=True, slots=True)

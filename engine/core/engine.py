@@ -17,9 +17,15 @@ so a namespace waiting on a lock held elsewhere waits alone.
 
 Transport-free: no ``grpc`` here. Errors are ``engine.errors`` classes; results are typed
 (:mod:`engine.core.results`). The gate is a collaborator behind :class:`GateLike`; how a fact
-and a policy are validated is injected (``validate``, ``check_policy``) so this package depends
-on nothing that does I/O, and the factory at the edge (``engine.app.build_engine``) wires the
-gate's own checks in.
+is validated, a policy resolved and a text tokenised is injected (``validate``,
+``check_policy``, ``tokenizer``) so this package depends on nothing that does I/O, and the
+factory at the edge (``engine.app.build_engine``) wires the gate's own rule, policy and
+embedder in.
+
+Checked once (issue 32): a request's facts are checked and its policy resolved here, at the
+edge, before it takes a permit; its texts are tokenised here for the token budget. The batch
+then goes to ``Gate.triage`` as :class:`~engine.types.ValidFacts` carrying those encodings,
+with the resolved policy, and the gate checks, resolves and tokenises none of it again.
 
 Admission (TEI's ``--max-concurrent-requests``): requests take one permit per fact and are
 refused with ``Overloaded`` when ``max_queued_facts`` are queued or in the model, or when their
@@ -57,7 +63,7 @@ from engine.core.results import Recalled, Streamed, Timings, Triaged, split
 from engine.core.stage import ModelStage
 from engine.errors import InvalidInput, MemgateError, Overloaded, StorageError, Unavailable
 from engine.lifecycle import AsOf, Hidden
-from engine.types import Decision, Event, Fact, Memory
+from engine.types import Decision, Event, Fact, Memory, ValidFacts
 
 __all__ = [
     "RECALL",
@@ -74,6 +80,14 @@ __all__ = [
 T = TypeVar("T")
 
 
+class Counted(Protocol):
+    """One text tokenised for the budget (``engine.runtime.base.Encoded``): its token count;
+    the rest is the model's, carried to the model call untouched."""
+
+    @property
+    def tokens(self) -> int: ...
+
+
 class TriageOutcome(Protocol):
     @property
     def decisions(self) -> Sequence[Decision]: ...
@@ -88,11 +102,14 @@ class GateLike(Protocol):
     def triage(
         self,
         facts: Sequence[Fact],
-        policy: str = "strict",
+        policy: Any = "strict",
         *,
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
-    ) -> TriageOutcome: ...
+    ) -> TriageOutcome:
+        """``facts`` come as :class:`~engine.types.ValidFacts` and ``policy`` as the policy
+        ``check_policy`` resolved when the edge wired both; else plain facts and a name."""
+        ...
 
     def recall(self, namespace: str, query: str, k: int = 10) -> list[tuple[Memory, float]]:
         """Active hits, best first. The gate's own recall also takes ``as_of`` and
@@ -197,6 +214,8 @@ class ModelWork:
     facts: tuple[Fact, ...] = ()
     query: tuple[str, str, int] | None = None
     """(namespace, query, k) for a recall."""
+    encoded: tuple[Any, ...] | None = None
+    """The facts' texts as the budget tokenised them (one per fact), for the model call."""
     as_of: AsOf | None = None
     """A recall as of this point of the log (None: now)."""
     include_inactive: bool = False
@@ -210,6 +229,9 @@ class TriageGroup:
     policy: str
     overrides: tuple[tuple[str, Any], ...]
     apply: bool
+    resolved: Hashable | None = field(default=None, compare=False)
+    """The policy the edge resolved from ``policy`` and ``overrides`` (the gate's hashable
+    ``Policy``), handed to the gate as it is; None when the engine has no such check."""
 
 
 RECALL = "recall"
@@ -277,10 +299,13 @@ def run_model_batch(
         return out
     assert isinstance(group, TriageGroup)
     overrides = dict(group.overrides) or None
-    flat = [f for w in works for f in w.facts]
+    flat = _request(group, works)
     t0 = time.perf_counter()
     try:
-        result = gate.triage(flat, group.policy, apply=group.apply, overrides=overrides)
+        if group.resolved is None:
+            result = gate.triage(flat, group.policy, apply=group.apply, overrides=overrides)
+        else:
+            result = gate.triage(flat, group.resolved, apply=group.apply)
     except InvalidInput:
         if len(works) == 1:
             raise
@@ -290,12 +315,27 @@ def run_model_batch(
     return [ModelDone(timings, decisions=p) for p in parts]
 
 
+def _request(group: TriageGroup, works: Sequence[ModelWork]) -> Sequence[Fact]:
+    """The batch's facts for the gate: checked at the edge (``ValidFacts``, with their
+    encodings when every request carries them) when the edge resolved the policy too."""
+    facts = [f for w in works for f in w.facts]
+    if group.resolved is None:
+        return facts
+    if all(w.encoded is not None for w in works):
+        return ValidFacts.of(facts, [e for w in works for e in w.encoded or ()])
+    return ValidFacts(facts)
+
+
 def _one(
     gate: GateLike, group: TriageGroup, overrides: dict[str, Any] | None, work: ModelWork
 ) -> ModelDone | BaseException:
     t0 = time.perf_counter()
+    facts = _request(group, [work])
     try:
-        result = gate.triage(list(work.facts), group.policy, apply=group.apply, overrides=overrides)
+        if group.resolved is None:
+            result = gate.triage(facts, group.policy, apply=group.apply, overrides=overrides)
+        else:
+            result = gate.triage(facts, group.resolved, apply=group.apply)
     except InvalidInput as exc:
         return exc
     timings = Timings.of_run(result.timings, time.perf_counter() - t0)
@@ -307,11 +347,16 @@ _END = object()
 _STOPPED = object()
 
 
+_UNSET: Any = object()
+_POLICIES_KEPT = 256
+"""Distinct (policy, overrides) resolutions an engine keeps (then it starts afresh)."""
+
+
 def _no_check_fact(fact: Fact) -> None:
     return None
 
 
-def _no_check_policy(policy: str, overrides: Mapping[str, Any]) -> None:
+def _no_check_policy(policy: str, overrides: Mapping[str, Any]) -> Hashable | None:
     return None
 
 
@@ -320,10 +365,14 @@ class Engine:
 
     ``validate(fact)`` and ``check_policy(name, overrides)`` raise ``InvalidInput`` for what the
     gate would refuse, so a bad request fails alone, before it takes a permit;
-    ``token_counter(texts)`` gives the batch budget's token counts (the embedder's tokenizer;
-    default: a len/4 estimate, for gates without one). ``stage`` is the model thread the gate's
-    forwards run on; ``warm()`` runs one batch through every model (on the stage) and returns
-    the model seconds per fact it measured (:meth:`warm_up`).
+    ``check_policy`` returns the resolved policy (hashable), which the gate then takes as it
+    is, with the facts as :class:`~engine.types.ValidFacts` (None: the gate checks and
+    resolves itself, as for a gate without these checks). ``tokenizer(texts)`` tokenises
+    texts for the batch budget (the embedder's ``encode_items``; default: a len/4 estimate,
+    for gates without one); a fact's encoding travels with it into the embedder call.
+    ``stage`` is the model thread the gate's forwards run on; ``warm()`` runs one batch through
+    every model (on the stage) and returns the model seconds per fact it measured
+    (:meth:`warm_up`).
     """
 
     def __init__(
@@ -332,8 +381,8 @@ class Engine:
         settings: CoreSettings | None = None,
         *,
         validate: Callable[[Fact], None] = _no_check_fact,
-        check_policy: Callable[[str, Mapping[str, Any]], None] = _no_check_policy,
-        token_counter: Callable[[Sequence[str]], list[int]] | None = None,
+        check_policy: Callable[[str, Mapping[str, Any]], Hashable | None] = _no_check_policy,
+        tokenizer: Callable[[Sequence[str]], Sequence[Counted]] | None = None,
         on_dead: Callable[[BaseException], None] | None = None,
         on_batch: Callable[[int, int, float], None] | None = None,
         stage: ModelStage | None = None,
@@ -344,7 +393,10 @@ class Engine:
         s = self.settings
         self._validate = validate
         self._check_policy = check_policy
-        self._count = token_counter or (lambda texts: [estimate_tokens(t) for t in texts])
+        self._tokenizer = tokenizer
+        self._policies: dict[tuple[str, tuple[tuple[str, Any], ...]], Hashable | None] = {}
+        """Each (policy, overrides) resolved once (``check_policy`` is deterministic for a
+        gate): about 0.1 ms a resolution, which the event loop no longer pays per request."""
         self._on_dead = on_dead
         self._on_batch = on_batch
         self.permits = Permits(
@@ -515,8 +567,19 @@ class Engine:
         """The batch group of a request; the policy and overrides are checked now, not inside
         a shared batch."""
         ov = dict(overrides or {})
-        self._check_policy(policy, ov)
-        return TriageGroup(policy, tuple(sorted(ov.items())), apply)
+        key = (policy, tuple(sorted(ov.items())))
+        try:
+            resolved = self._policies.get(key, _UNSET)
+        except TypeError:  # an unhashable override value: the check refuses it
+            resolved = _UNSET
+        if resolved is _UNSET:
+            resolved = self._check_policy(policy, ov)
+            if self._validate is _no_check_fact:
+                resolved = None  # facts this engine did not check are not handed on as checked
+            if len(self._policies) >= _POLICIES_KEPT:
+                self._policies.clear()
+            self._policies[key] = resolved
+        return TriageGroup(policy, key[1], apply, resolved)
 
     def check_fact(self, fact: Fact, index: int | None = None) -> None:
         """Raise ``InvalidInput`` (naming the fact's position) for a fact the gate refuses."""
@@ -528,12 +591,15 @@ class Engine:
             raise InvalidInput(f"fact {index}: {exc}") from None
 
     # -- model work ---------------------------------------------------------------------------
-    async def _tokens(self, texts: list[str]) -> tuple[int, float]:
+    async def _tokens(self, texts: list[str]) -> tuple[int, tuple[Counted, ...] | None, float]:
+        """The texts' tokens for the budget, and their encodings (None: estimated)."""
+        if self._tokenizer is None:
+            return sum(estimate_tokens(t) for t in texts), None, 0.0
         t0 = time.perf_counter()
-        counts = await asyncio.get_running_loop().run_in_executor(
-            self._tokenize, self._count, texts
+        encoded = await asyncio.get_running_loop().run_in_executor(
+            self._tokenize, self._tokenizer, texts
         )
-        return sum(counts), time.perf_counter() - t0
+        return sum(e.tokens for e in encoded), tuple(encoded), time.perf_counter() - t0
 
     async def _queue(
         self,
@@ -543,7 +609,9 @@ class Engine:
         deadline: float | None,
         source: Hashable | None = None,
     ) -> tuple[Served[ModelDone], float]:
-        tokens, tokenize = await self._tokens(texts)
+        tokens, encoded, tokenize = await self._tokens(texts)
+        if work.facts and encoded is not None:
+            work = replace(work, encoded=encoded)  # tokenised once: into the model call too
         if work.query is not None or (isinstance(group, TriageGroup) and not group.apply):
             # A recall or a dry run only reads: it takes no namespace lock, so it waits on no
             # writer, and dry runs of every namespace share one batch as before.
@@ -609,8 +677,9 @@ class Engine:
         if not facts:
             raise InvalidInput("a request needs at least one fact")
         group = self.group(policy, overrides, apply=apply)
-        for i, fact in enumerate(facts):
-            self.check_fact(fact, i)
+        if not isinstance(facts, ValidFacts):  # the server checks each as it decodes it
+            for i, fact in enumerate(facts):
+                self.check_fact(fact, i)
         n = len(facts)
         self._admit(n, deadline)
         try:
@@ -666,6 +735,7 @@ class Engine:
         apply: bool = True,
         overrides: Mapping[str, Any] | None = None,
         deadline: float | None = None,
+        checked: bool = False,
     ) -> AsyncIterator[Streamed]:
         """Facts in, decisions out, in order, each as soon as its fact's batch committed.
 
@@ -673,9 +743,11 @@ class Engine:
         ``facts`` (over gRPC, HTTP/2 flow control then pushes back on the client). Facts wait
         for admission permits instead of being refused: a bulk stream slows down under load.
         An error raised by ``facts`` (a bad message) or by a fact ends the stream in order,
-        after every decision before it. On shutdown the stream ends with ``Unavailable``."""
+        after every decision before it. On shutdown the stream ends with ``Unavailable``.
+        ``checked``: the caller ran :meth:`check_fact` on each fact (the server does, as it
+        decodes them), so they are not checked again."""
         group = self.group(policy, overrides, apply=apply)
-        async for item in _Stream(self, facts, group, deadline).run():
+        async for item in _Stream(self, facts, group, deadline, checked).run():
             yield item
 
     async def _stream_one(
@@ -793,8 +865,10 @@ class _Stream:
         facts: AsyncIterable[Fact],
         group: TriageGroup,
         deadline: float | None,
+        checked: bool = False,
     ) -> None:
         self.engine = engine
+        self.checked = checked
         self.facts = facts
         self.group = group
         self.deadline = deadline
@@ -849,7 +923,8 @@ class _Stream:
                     self.pending.put_nowait(fact)
                     return
                 assert isinstance(fact, Fact)
-                engine.check_fact(fact, index)
+                if not self.checked:
+                    engine.check_fact(fact, index)
                 if await self._unless_stopped(self.window.acquire()) is _STOPPED:
                     self.pending.put_nowait(_STOPPED)
                     return

@@ -229,6 +229,10 @@ def _call(model: Any, parts: list[list[Any]], clipped: list[int]) -> list[Any]:
     return out
 
 
+_STATIC = ("manifest", "dim", "contradiction_index", "entailment_index", "labels")
+"""A runtime's fixed description (from its manifest), copied onto its :class:`Staged`."""
+
+
 class Staged:
     """A runtime (embedder or NLI scorer) whose model work runs on a :class:`ModelStage`.
 
@@ -242,6 +246,10 @@ class Staged:
         self._chunk = chunk
         steps = ("tokenize", "bucket", "forward", "postprocess")
         self._split = all(callable(getattr(model, name, None)) for name in steps)
+        # what the gate reads on every batch, as plain attributes (no __getattr__ hop)
+        for name in _STATIC:
+            if hasattr(model, name):
+                setattr(self, name, getattr(model, name))
 
     @property
     def wrapped(self) -> Any:
@@ -250,20 +258,25 @@ class Staged:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def _call(self, whole: str, items: Sequence[Any]) -> Any:
+    def _call(self, whole: str, items: Sequence[Any], encoded: Sequence[Any] | None = None) -> Any:
         if not items:
             return getattr(self._model, whole)(items)
         if not self._split:
             return self._stage.run(getattr(self._model, whole), items)
-        encodings, clipped = self._model.tokenize(items)
+        # ``encoded``: items the edge tokenised for the batch budget, not tokenised again
+        encodings, clipped = (
+            self._model.tokenize(items) if encoded is None else self._model.tokenize(items, encoded)
+        )
         parts = [
             self._stage.rows(self._model, encodings[i : i + self._chunk], clipped if i == 0 else 0)
             for i in range(0, len(encodings), self._chunk)
         ]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
-    def embed(self, texts: Sequence[str]) -> Any:
-        return self._call("embed", texts)
+    def embed(self, texts: Sequence[str], *, encoded: Sequence[Any] | None = None) -> Any:
+        """The wrapped embedder's vectors; ``encoded`` (one entry per text, or None for a text
+        still to tokenise) as in ``Embedder.embed``."""
+        return self._call("embed", texts, encoded)
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> Any:
         return self._call("score", pairs)

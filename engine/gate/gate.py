@@ -40,7 +40,7 @@ from engine.gate.thresholds import for_embedder, for_model
 from engine.lifecycle import AsOf, expiry_time
 from engine.store import Expired, WriteResult, new_memory_id
 from engine.store.base import Resolution, ReviewResolution
-from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem
+from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem, ValidFacts
 from engine.validation import is_namespace
 
 __all__ = [
@@ -169,13 +169,23 @@ class Gate(Generic[S, X]):
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        pol = self.policy(policy, overrides)
+        """Decide ``facts`` in order under ``policy`` (``apply``: and commit them).
+
+        Checked once: facts given as :class:`~engine.types.ValidFacts` passed the fact rule
+        at the edge (the engine core) and a :class:`Policy` object is taken as resolved there
+        (:meth:`policy`); plain facts and a policy name are checked and resolved here."""
+        pol = (
+            policy
+            if isinstance(policy, Policy) and not overrides
+            else self.policy(policy, overrides)
+        )
         if len(facts) > self.settings.max_batch:
             raise InvalidInput(
                 f"batch of {len(facts)} facts; the limit is {self.settings.max_batch}"
             )
-        for fact in facts:
-            validate_fact(fact, self.settings)
+        if not isinstance(facts, ValidFacts):
+            for fact in facts:
+                validate_fact(fact, self.settings)
         if not facts:
             return TriageResult(decisions=[])
         if not apply:
@@ -214,11 +224,8 @@ class Gate(Generic[S, X]):
         if not recorded and not replay_of:
             return self._triage(facts, pol, apply=apply)
         live = [i for i in range(len(facts)) if i not in recorded and i not in replay_of]
-        result = (
-            self._triage([facts[i] for i in live], pol, apply=apply)
-            if live
-            else TriageResult(decisions=[])
-        )
+        rest = facts.pick(live) if isinstance(facts, ValidFacts) else [facts[i] for i in live]
+        result = self._triage(rest, pol, apply=apply) if live else TriageResult(decisions=[])
         decided = dict(zip(live, result.decisions, strict=True))
         decisions: list[Decision] = []
         for i, fact in enumerate(facts):
@@ -265,7 +272,7 @@ class Gate(Generic[S, X]):
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
-        vectors = embed(probes, self.embedder)
+        vectors = embed(probes, self.embedder, getattr(facts, "encoded", None))
         timings["embed"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         recall(probes, self.store, self.index, pol.top_k)

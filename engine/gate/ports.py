@@ -9,13 +9,13 @@ models for unit tests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from engine.store.base import Store
 
-__all__ = ["NLI", "Embedder", "Index", "Store"]
+__all__ = ["NLI", "Embedder", "EncodedEmbedder", "Index", "Store"]
 
 
 @runtime_checkable
@@ -25,6 +25,20 @@ class Embedder(Protocol):
     dim: int
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class EncodedEmbedder(Protocol):
+    """An embedder that also takes texts already tokenised (``encoded``: one entry per text,
+    None for a text still to tokenise), as the ONNX runtime and its model-stage wrapper do."""
+
+    dim: int
+
+    def embed(
+        self, texts: Sequence[str], *, encoded: Sequence[Any] | None = None
+    ) -> np.ndarray: ...
+
+    def encode_items(self, items: Sequence[str]) -> Sequence[Any]: ...
 
 
 @runtime_checkable

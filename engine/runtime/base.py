@@ -31,6 +31,7 @@ __all__ = [
     "CLIP_CHARS_PER_TOKEN",
     "BatchSettings",
     "Bucket",
+    "Encoded",
     "Prepared",
     "RunStats",
     "TokenModel",
@@ -111,6 +112,19 @@ class Prepared:
     stats: RunStats = field(default_factory=RunStats)
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One item tokenised for the model, made once where the batch budget counts tokens and
+    handed on to the model call (:meth:`TokenModel.tokenize`), which does not tokenise the
+    item again: TEI's queue entries carry their encodings the same way."""
+
+    encoding: Encoding
+    tokens: int
+    """Tokens after truncation (special tokens included): what the token budget counts."""
+    clipped: int = 0
+    """Texts of this item cut by characters before tokenising (:meth:`TokenModel.clip`)."""
+
+
 def batch_invariant(manifest: Manifest) -> bool:
     """Whether a graph's rows are independent of their batch-mates: unquantised graphs are, a
     quantised one only when its build measured it (``batch_invariance.invariant``)."""
@@ -184,21 +198,48 @@ class TokenModel(Generic[Item]):
         """Tokenise ``items`` (truncated at the model's max length)."""
         return self._encode(items)[0]
 
-    def tokenize(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
+    def tokenize(
+        self, items: Sequence[Item], encoded: Sequence[Encoded | None] | None = None
+    ) -> tuple[list[Encoding], int]:
         """The encodings of ``items`` and how many were clipped first: the first half of
-        :meth:`preprocess`, which a model stage runs on the caller's thread."""
-        return self._encode(items)
+        :meth:`preprocess`, which a model stage runs on the caller's thread. ``encoded``
+        (optional, one entry per item): items already tokenised by :meth:`encode_items` (for
+        a batch budget), taken as they are; only the items without one are tokenised."""
+        if encoded is None:
+            return self._encode(items)
+        if len(encoded) != len(items):
+            raise InvalidInput(f"{len(encoded)} encodings for {len(items)} items")
+        todo = [i for i, e in enumerate(encoded) if e is None]
+        fresh, clipped = self._encode([items[i] for i in todo]) if todo else ([], 0)
+        out: list[Encoding | None] = [None if e is None else e.encoding for e in encoded]
+        for i, enc in zip(todo, fresh, strict=True):
+            out[i] = enc
+        clipped += sum(e.clipped for e in encoded if e is not None)
+        return [e for e in out if e is not None], clipped
+
+    def encode_items(self, items: Sequence[Item]) -> list[Encoded]:
+        """Tokenise ``items`` once, for a batch budget and then for the model: each item's
+        encoding with its token count (after truncation) and its clip count. Hand them back to
+        :meth:`tokenize` (through ``embed(texts, encoded=...)``) and nothing is tokenised
+        twice."""
+        clips: list[int] = []
+
+        def count() -> None:
+            clips[-1] += 1
+
+        inputs = []
+        for item in items:
+            clips.append(0)
+            inputs.append(self._clip_item(item, count))
+        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        return [
+            Encoded(enc, len(enc.ids), clip) for enc, clip in zip(encodings, clips, strict=True)
+        ]
 
     def _encode(self, items: Sequence[Item]) -> tuple[list[Encoding], int]:
         """The encodings, and how many texts were clipped first."""
-        clipped = 0
-
-        def count() -> None:
-            nonlocal clipped
-            clipped += 1
-
-        inputs = [self._clip_item(item, count) for item in items]
-        return list(self.tokenizer.encode_batch(inputs, add_special_tokens=True)), clipped
+        encoded = self.encode_items(items)
+        return [e.encoding for e in encoded], sum(e.clipped for e in encoded)
 
     def _clip_item(self, item: Item, count: Callable[[], None]) -> str | tuple[str, str]:
         """One item, validated (``InvalidInput``), with its text(s) passed through
@@ -244,9 +285,12 @@ class TokenModel(Generic[Item]):
         """Token counts after truncation: what a batcher's token budget is measured in."""
         return [len(e.ids) for e in self.encode(items)]
 
-    def preprocess(self, items: Sequence[Item]) -> Prepared:
+    def preprocess(
+        self, items: Sequence[Item], encoded: Sequence[Encoded | None] | None = None
+    ) -> Prepared:
+        """Tokenise (the items without an entry in ``encoded``), then :meth:`bucket`."""
         t0 = time.perf_counter()
-        encodings, clipped = self._encode(items)
+        encodings, clipped = self.tokenize(items, encoded)
         return self.bucket(encodings, clipped=clipped, tokenize_s=time.perf_counter() - t0)
 
     def bucket(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from engine.errors import InvalidInput, ManifestMismatch
-from engine.runtime.base import Prepared, TokenModel
+from engine.runtime.base import Encoded, Prepared, TokenModel
 
 __all__ = ["Embedder"]
 
@@ -46,11 +46,15 @@ class Embedder(TokenModel[str]):
             result /= np.maximum(norms, 1e-12)
         return result
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts`` in their order: float32 [n, dim], unit length."""
+    def embed(
+        self, texts: Sequence[str], *, encoded: Sequence[Encoded | None] | None = None
+    ) -> np.ndarray:
+        """Embed ``texts`` in their order: float32 [n, dim], unit length. ``encoded``
+        (optional, one entry per text): texts already tokenised by :meth:`encode_items`, which
+        are not tokenised again."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        prepared = self.preprocess(texts)
+        prepared = self.preprocess(texts, encoded)
         return self.postprocess(self.forward(prepared), prepared)
 
     __call__ = embed

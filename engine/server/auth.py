@@ -37,6 +37,11 @@ class Principal:
         """Refuse a malformed namespace (INVALID_ARGUMENT, whatever the token), then one outside
         the token's prefixes."""
         check_namespace(namespace)
+        self.permits(namespace)
+
+    def permits(self, namespace: str) -> None:
+        """Refuse a namespace outside the token's prefixes; ``namespace`` is one that the
+        namespace rule already passed (a fact the engine checked)."""
         if self.prefixes is None:
             return
         if not any(namespace.startswith(p) for p in self.prefixes):

@@ -187,11 +187,10 @@ def text_from_bytes(raw: bytes, what: str, limits: Limits) -> str:
 
 
 def fact_from_pb(msg: Any, index: int, limits: Limits) -> Fact:
+    """Decode one fact (sizes, UTF-8, kind, metadata JSON, expiry fields); the fact rule
+    itself (namespace, text, key...) is the engine's, which the service runs next
+    (:meth:`engine.core.Engine.check_fact`), once."""
     what = f"fact {index}"
-    try:
-        check_namespace(msg.namespace)
-    except InvalidInput as exc:
-        raise InvalidInput(f"{what}: {exc}") from None
     text = text_from_bytes(msg.text, f"{what}: text", limits)
     kind = PB_TO_KIND.get(msg.kind)
     if kind is None:

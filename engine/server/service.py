@@ -16,10 +16,10 @@ from typing import Any, TypeAlias
 from engine.core import Engine, Streamed, Timings
 from engine.errors import DeadlineExceeded, InvalidInput, NotFound
 from engine.server import convert
-from engine.server.interceptor import current_call
+from engine.server.interceptor import Call, current_call
 from engine.server.metrics import Metrics
 from engine.server.proto import pb, pb_grpc
-from engine.types import Decision, Fact
+from engine.types import Decision, Fact, ValidFacts
 from engine.validation import check_namespace
 
 __all__ = ["MemgateService", "timings_to_pb"]
@@ -89,9 +89,12 @@ class MemgateService(pb_grpc.MemgateServicer):
         self._metrics = metrics
 
     # -- decoding -----------------------------------------------------------------------------
-    def _fact(self, msg: pb.Fact, index: int) -> Fact:
+    def _fact(self, msg: pb.Fact, index: int, call: Call) -> Fact:
+        """Decode, check (the fact rule, once: the namespace before the token's prefixes),
+        authorise."""
         fact = convert.fact_from_pb(msg, index, self._limits)
-        current_call().authorize(fact.namespace)
+        self._engine.check_fact(fact, index)
+        call.principal.permits(fact.namespace)
         return fact
 
     def _counted(self, decisions: Sequence[Decision], *, dry_run: bool) -> None:
@@ -105,14 +108,15 @@ class MemgateService(pb_grpc.MemgateServicer):
         context: Context,
         apply: bool,
     ) -> tuple[list[pb.Decision], pb.Timings]:
-        n = current_call().facts = len(request.facts)
+        call = current_call()
+        n = call.facts = len(request.facts)
         if n == 0:
             raise InvalidInput("a request needs at least one fact")
         if n > self._max_facts:
             raise InvalidInput(f"{n} facts in one request; the limit is {self._max_facts}")
         policy = convert.policy_from_pb(request.policy)
         overrides = convert.overrides_from_pb(request.overrides)
-        facts = [self._fact(msg, i) for i, msg in enumerate(request.facts)]
+        facts = ValidFacts(self._fact(msg, i, call) for i, msg in enumerate(request.facts))
         triaged = await self._engine.triage(
             facts, policy, apply=apply, overrides=overrides, deadline=_deadline(context)
         )
@@ -145,11 +149,11 @@ class MemgateService(pb_grpc.MemgateServicer):
         overrides = convert.overrides_from_pb(first.overrides)
 
         async def facts() -> AsyncIterator[Fact]:
-            yield self._fact(first.fact, 0)
+            yield self._fact(first.fact, 0, call)
             call.facts = 1
             index = 1
             async for msg in requests:
-                yield self._fact(msg.fact, index)
+                yield self._fact(msg.fact, index, call)
                 index += 1
                 call.facts = index
 
@@ -160,6 +164,7 @@ class MemgateService(pb_grpc.MemgateServicer):
             apply=not first.dry_run,
             overrides=overrides,
             deadline=_deadline(context),
+            checked=True,  # by self._fact
         ):
             self._counted((item.decision,), dry_run=first.dry_run)
             yield pb.BackfillResponse(

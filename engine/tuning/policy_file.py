@@ -164,6 +164,14 @@ class PolicyFileGate:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gate, name)
 
+    def policy(self, policy: Policy | str, overrides: dict[str, Any] | None = None) -> Policy:
+        """The gate's policy, the file's settings under it for the file's base name (what the
+        engine core resolves once per request and hands to :meth:`triage` as it is)."""
+        if policy == self.policy_file.base:
+            overrides = {**self.policy_file.overrides, **(overrides or {})}
+        resolved: Policy = self._gate.policy(policy, overrides)
+        return resolved
+
     def triage(
         self,
         facts: Sequence[Any],

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,3 +198,65 @@ def test_quantised_nli_scores_do_not_depend_on_batch_mates(cache_dir: Path) -> N
     together = coupled.contradiction(batch)
     apart = np.array([coupled.contradiction([p])[0] for p in batch])
     assert np.abs(together - apart).max() > 0.05
+
+
+def test_texts_tokenised_for_the_budget_embed_as_plain_texts(
+    models: tuple[Embedder, NLIScorer],
+) -> None:
+    """``encode_items`` (the batch budget's tokenisation) handed back to ``embed`` gives the
+    same vectors, bit for bit, and the same counts as tokenising inside ``embed``; any mix of
+    pre-tokenised and plain texts works, and a clipped text is counted once either way."""
+    embedder, _ = models
+    texts = [*TEXTS, "word " * 3000]
+    encoded = embedder.encode_items(texts)
+    assert [e.tokens for e in encoded] == embedder.token_lengths(texts)
+    assert [e.clipped for e in encoded] == [0] * len(TEXTS) + [1]
+    assert [e.encoding.ids for e in encoded] == [e.ids for e in embedder.encode(texts)]
+    before = embedder.totals.clipped
+    plain = embedder.embed(texts)
+    assert embedder.totals.clipped == before + 1
+    whole = embedder.embed(texts, encoded=encoded)
+    assert embedder.totals.clipped == before + 2
+    mixed = embedder.embed(texts, encoded=[e if i % 2 else None for i, e in enumerate(encoded)])
+    np.testing.assert_array_equal(whole, plain)
+    np.testing.assert_array_equal(mixed, plain)
+    with pytest.raises(InvalidInput, match="encodings for"):
+        embedder.embed(texts, encoded=encoded[:2])
+
+
+class _CountingTokenizer:
+    """The real tokenizer, counting the texts it is asked to encode."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.seen: Counter[str] = Counter()
+
+    def encode_batch(self, inputs: list[Any], **kw: Any) -> Any:
+        self.seen.update(i for i in inputs if isinstance(i, str))
+        return self._real.encode_batch(inputs, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_written_fact_is_tokenised_once(
+    models: tuple[Embedder, NLIScorer],
+    make_gate: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through the engine core, as the server writes: a fact's text is tokenised once, for
+    the batch budget, and that encoding is what the embedder runs (before: twice)."""
+    from engine.app import build_engine
+    from engine.core import CoreSettings, SyncEngine
+    from engine.types import Fact
+
+    embedder, _ = models
+    spy = _CountingTokenizer(embedder.tokenizer)
+    monkeypatch.setattr(embedder, "tokenizer", spy)
+    gate = make_gate()
+    with SyncEngine(build_engine(gate, CoreSettings(expiry_interval_s=None))) as eng:
+        first = eng.triage([Fact("tok/once", "Alice lives in Denver.")], apply=True)
+        second = eng.triage([Fact("tok/once", "Alice lives in Chicago.")], apply=True)
+    assert [first.decisions[0].action, second.decisions[0].action] == ["add", "replace"]
+    assert spy.seen["Alice lives in Denver."] == 1
+    assert spy.seen["Alice lives in Chicago."] == 1

@@ -12,7 +12,7 @@ import pytest
 
 from engine.cli import main as cli_main
 from engine.errors import InvalidInput
-from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT
+from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Policy, policy_by_name
 from engine.tuning.calibrate import (
     Grid,
     MemoEmbedder,
@@ -363,6 +363,25 @@ def test_policy_file_gate_redefines_only_its_base_policy() -> None:
     # file's overrides under the request's own
     assert p1 == "strict" and kw1 == {"apply": True, "overrides": {"floor": 0.75, "top_k": 3}}
     assert p2 == "review" and kw2["overrides"] is None and p3 is REVIEW
+
+
+def test_policy_file_gate_resolves_its_base_policy_with_the_files_settings() -> None:
+    """The engine core resolves a request's policy once, at the edge (``gate.policy``), and
+    hands the gate the result: through a policy file's gate that result holds the file's
+    settings under the request's own, and triage passes it on without merging again."""
+
+    class Resolving(FakeGate):
+        def policy(self, policy: Any, overrides: dict[str, Any] | None = None) -> Policy:
+            named = policy_by_name(policy) if isinstance(policy, str) else policy
+            return named.with_overrides(overrides)
+
+    inner = Resolving()
+    gate = PolicyFileGate(inner, PolicyFile("strict", {"floor": 0.75, "top_k": 5}))
+    pol = gate.policy("strict", {"top_k": 3})
+    assert (pol.name, pol.floor, pol.top_k) == ("strict", 0.75, 3)
+    assert gate.policy("review") == REVIEW
+    gate.triage([], pol)
+    assert inner.seen == [(pol, {"apply": False, "overrides": None})]
 
 
 @pytest.mark.parametrize("command", ["triage", "serve", "backfill", "eval"])

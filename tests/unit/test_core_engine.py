@@ -396,3 +396,92 @@ def test_a_deadline_the_queue_cannot_meet_is_refused_at_the_door() -> None:
     assert isinstance(short, Overloaded) and "deadline" in str(short)
     assert all(isinstance(r, Triaged) for r in out)
     assert "short" not in {t for call in gate.calls for t in call}
+
+
+# -- checked once: the edge's checks, policy and encodings reach the gate as they are -----------
+@dataclass(frozen=True)
+class _Tok:
+    """What a tokenizer hands the core: a token count, and the encoding it carries along."""
+
+    tokens: int
+    text: str
+
+
+class _Recording(FakeGate):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[Sequence[Fact], Any, dict[str, Any] | None]] = []
+
+    def triage(self, facts: Sequence[Fact], policy: Any = "strict", **kw: Any) -> Outcome:
+        self.seen.append((facts, policy, kw.get("overrides")))
+        return super().triage(facts, "resolved" if policy is not None else "?", **kw)
+
+
+def test_the_gate_gets_checked_facts_the_resolved_policy_and_their_encodings() -> None:
+    from engine.types import ValidFacts
+
+    gate = _Recording()
+    checked: list[str] = []
+    resolved: list[tuple[str, dict[str, Any]]] = []
+
+    def validate(fact: Fact) -> None:
+        checked.append(fact.text)
+        _no_blank(fact)
+
+    def check_policy(name: str, overrides: Any) -> tuple[str, tuple[tuple[str, Any], ...]]:
+        resolved.append((name, dict(overrides)))
+        return (name, tuple(sorted(overrides.items())))  # hashable, as the gate's Policy is
+
+    def tokenizer(texts: Sequence[str]) -> list[_Tok]:
+        return [_Tok(len(t.split()) + 2, t) for t in texts]
+
+    async def main() -> list[Triaged]:
+        eng = Engine(
+            gate,  # type: ignore[arg-type]
+            CoreSettings(),
+            validate=validate,
+            check_policy=check_policy,
+            tokenizer=tokenizer,
+        )
+        await eng.start()
+        try:
+            one = await eng.triage([Fact("ns", "a b"), Fact("ns", "c")], overrides={"top_k": 3})
+            # facts the caller checked (the server, as it decodes) are not checked again
+            two = await eng.triage(ValidFacts([Fact("ns", "d")]), apply=True)
+            with pytest.raises(InvalidInput, match="fact 1: fact text is empty"):
+                await eng.triage([Fact("ns", "e"), Fact("ns", " ")])
+            return [one, two]
+        finally:
+            await eng.close()
+
+    run(main())
+    assert checked == ["a b", "c", "e", " "]  # once each: "d" came checked
+    # resolved once per distinct (policy, overrides), not per request
+    assert resolved == [("strict", {"top_k": 3}), ("strict", {})]
+    (facts1, policy1, ov1), (facts2, policy2, ov2) = gate.seen
+    assert isinstance(facts1, ValidFacts) and [f.text for f in facts1] == ["a b", "c"]
+    assert policy1 == ("strict", (("top_k", 3),)) and ov1 is None  # resolved, handed on as is
+    assert facts1.encoded == (_Tok(4, "a b"), _Tok(3, "c"))  # tokenised once, carried along
+    assert isinstance(facts2, ValidFacts) and facts2.encoded == (_Tok(3, "d"),)
+    assert policy2 == ("strict", ())
+
+
+def test_without_the_edge_checks_the_gate_checks_itself() -> None:
+    """An engine without ``validate`` hands plain facts, the policy's name and the overrides
+    on: nothing unchecked is passed off as checked."""
+    from engine.types import ValidFacts
+
+    gate = _Recording()
+
+    async def main() -> None:
+        eng = Engine(gate, CoreSettings(), check_policy=lambda n, o: (n,))  # type: ignore[arg-type]
+        await eng.start()
+        try:
+            await eng.triage(ValidFacts([Fact("ns", "x")]), overrides={"top_k": 3})
+        finally:
+            await eng.close()
+
+    run(main())
+    ((facts_, policy, overrides),) = gate.seen
+    assert not isinstance(facts_, ValidFacts) and policy == "strict"
+    assert overrides == {"top_k": 3}

@@ -231,3 +231,29 @@ def test_seed_pipeline_runs_none_of_the_mechanisms(store: SQLiteStore) -> None:
     assert [c.reason for c in seed.candidates] == ["contradiction", "contradiction"]
     strict = gate.triage([Fact(NS, fact)], "strict").decisions[0]
     assert (strict.action, strict.target_id) == ("replace", mine.memory_id)
+
+
+def test_triage_checks_plain_facts_once_and_takes_checked_ones_as_they_are(
+    store: SQLiteStore,
+) -> None:
+    """A direct caller's facts and policy name are checked and resolved by the gate; facts the
+    edge checked (``ValidFacts``) with the policy it resolved are taken as they are: each path
+    checks once, never zero times and never twice."""
+    from engine.errors import InvalidInput
+    from engine.gate.gate import GateSettings
+    from engine.types import ValidFacts
+
+    index = IndexManager(store.iter_active_embeddings)
+    gate = Gate(store, index, FakeEmbedder(), FakeNLI(), GateSettings(max_text_chars=20))
+    long = Fact(NS, "The office moved to a far bigger place.")
+    with pytest.raises(InvalidInput, match="the limit is 20"):
+        gate.triage([long])
+    with pytest.raises(InvalidInput, match="namespace must be"):
+        gate.triage([Fact("no spaces", "x")])
+    with pytest.raises(InvalidInput, match="unknown policy override"):
+        gate.triage([Fact(NS, "x")], overrides={"nope": 1})
+    pol = gate.policy("strict", {"top_k": 3})
+    assert pol.top_k == 3 and hash(pol) == hash(gate.policy("strict", {"top_k": 3}))
+    # the edge's limit was its own (a server's may differ): the gate does not check again
+    (d,) = gate.triage(ValidFacts([long]), pol).decisions
+    assert d.action == "add" and d.policy == "strict"
