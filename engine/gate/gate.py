@@ -448,7 +448,7 @@ def decide_recalled(
     identify(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
     timings["identify"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pairs = score(probes, nli, pol)
+    pairs = score(probes, nli)
     timings["nli"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = decide(probes, pol, active_by_key, judge)

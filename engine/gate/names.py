@@ -60,8 +60,6 @@ class Rule(StrEnum):
     """The target passed with a matching attribute key."""
     LATER_DATED = "later_dated"
     """The fact is dated after its target, same subject and attribute: an update."""
-    OLD_VALUE = "old_value"
-    """The fact names the target's value as its old one ("changed from A to B")."""
     PARTIAL_CONTRADICTION = "partial_contradiction"
     """The target packs several claims of which the fact changes some: review (composed with the
     passing rule by :func:`partial_rule`)."""
@@ -70,13 +68,9 @@ class Rule(StrEnum):
     """The judge doubts the rule's target is being replaced: added (strict) or queued."""
     JUDGED_DUPLICATE = "judged_duplicate"
     """The judge calls a candidate a restatement: skipped."""
-    JUDGED_NEW = "judged_new"
-    """The judge overturns the rule's skip: added."""
-    JUDGED_UPDATE = "judged_update"
-    """The judge calls a candidate the fact's predecessor: queued (review policies)."""
 
 
-UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.KEY_MATCH, Rule.LATER_DATED, Rule.OLD_VALUE})
+UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.KEY_MATCH, Rule.LATER_DATED})
 """The rules under which a candidate passes as the fact's target."""
 
 
@@ -95,11 +89,9 @@ class Reason(StrEnum):
     MISMATCH = "mismatch"
     """About something else (detail: ``other_subject`` or ``other_instance``)."""
     LOW_CONTRADICTION = "low_contradiction"
-    ONE_WAY_CONTRADICTION = "one_way_contradiction"
     CONTRADICTION = "contradiction"
     KEY_MATCH = "key_match"
     LATER_DATED = "later_dated"
-    OLD_VALUE = "old_value"
     OLDER_THAN_TARGET = "older_than_target"
     AMBIGUOUS = "ambiguous"
     NEARER_ATTRIBUTE = "nearer_attribute"
@@ -109,8 +101,6 @@ class Reason(StrEnum):
     """Detail: the missing evidence (``subject_disjoint``, ``attribute:0.05<0.10``...)."""
     JUDGED_NOT_UPDATE = "judged_not_update"
     JUDGED_DUPLICATE = "judged_duplicate"
-    JUDGED_NEW = "judged_new"
-    JUDGED_UPDATE = "judged_update"
     """The judge's probability follows as the detail."""
 
 

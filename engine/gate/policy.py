@@ -73,8 +73,7 @@ class Policy:
     value_change_contradiction: float = 0.50
     """The bar for a candidate the fact repeats word for word with values of the same kinds
     changed (:func:`engine.gate.claims.changes_value`, at ``value_change_similarity``): the
-    change itself is the evidence, so the model need only not see compatibility, and the
-    reverse direction is not asked (one changed number reads the same both ways)."""
+    change itself is the evidence, so the model need only not see compatibility."""
     attribute_margin: float = 0.20
     """A candidate that would lose to the target, holding a value of the kind the fact changes
     in the target, with a frame this much nearer the fact's, may be the attribute meant
@@ -105,11 +104,6 @@ class Policy:
     """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
     normalize: bool = True
     """Rewrite change/event phrasing into a current-state statement for the NLI check."""
-    verify_reverse: bool = True
-    """Score conflicting candidates the other way round too (new fact = premise); a candidate
-    passes only if both directions clear the bar. Refinements and restatements fail it."""
-    reverse_contradiction: float = 0.90
-    """The reverse direction's bar (``key_match_contradiction`` for a matching key)."""
     lexical: bool = True
     """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
     keys: bool = True
@@ -141,50 +135,26 @@ class Policy:
     judge: bool = True
     """Let the judge fitted for the served models (:mod:`engine.gate.judge`, built by
     ``memgate models judge``) amend the rule: a fact the rule would add is skipped when one of
-    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's skip
-    the judge gives under ``judge_keep`` is stored as new; a rule's replacement whose target the
-    judge gives an update probability under ``judge_veto`` is not made (strict adds,
-    review-uncertain queues); under a review policy, a fact the rule would add whose candidate
-    reaches ``judge_queue`` is queued, and (``review_scope="all"``) a conflict the rule queues
-    whose target the judge gives an update probability under ``judge_dequeue`` is stored as new.
-    It never replaces where the rule did not. Without a judge for the served models the rule
-    decides alone."""
+    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's
+    replacement whose target the judge gives an update probability under ``judge_veto`` is not
+    made (strict adds, review-uncertain queues). It never replaces where the rule did not.
+    Without a judge for the served models the rule decides alone."""
     judge_duplicate: float = 0.80
     """Duplicate probability at or above which the judge skips a fact the rule would add.
     Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
-    judge_keep: float = 0.10
-    """Duplicate probability below which the judge overturns a rule's skip (stores the fact).
-    Belongs to the judge, like ``judge_duplicate``."""
     judge_veto: float = 0.0
     """Update probability (that the fact is the target's replacement) below which the judge
     turns a rule's replacement away. 0 turns the veto off. Belongs to the judge, like
     ``judge_duplicate``: chosen when it was fitted."""
-    judge_queue: float = 1.0
-    """Review policies: update probability at or above which a fact the rule would add is
-    queued for review with that candidate as the target (rule ``judged_update``). 1 turns it
-    off. Belongs to the judge, like ``judge_duplicate``."""
-    judge_dequeue: float = 0.0
-    """Review with ``review_scope="all"``: update probability below which a conflict the rule
-    queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
-    likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
-
     time_order: bool = True
     """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
     attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
     is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
-    update (rule ``later_dated``): the bar is ``key_match_contradiction`` and neither the
-    reverse check nor the judge's veto holds it back. A target the fact is dated *before* is
+    update (rule ``later_dated``): the bar is ``key_match_contradiction`` and the judge's veto
+    does not hold it back. A target the fact is dated *before* is
     never replaced: the fact is added to history (rule ``older_than_target``). On by the
     pre-registered adoption rule (docs/experiments/2026-12-05-gate-v3.md): on the 1,100 outside
     cases strict WO 121 -> 56 and net 142 -> 503; on our 5,831, WO 90 -> 91."""
-    old_value: bool = False
-    """Explicit old -> new values ("changed from A to B", "no longer A, now B"): a candidate
-    that holds A (the value the normalised fact names as the old one, read verbatim or by its
-    content words and canonical values) is an update of that memory (rule ``old_value``),
-    unless the subjects are disjoint or apart: the bar is ``value_change_contradiction`` and
-    neither the reverse check nor the judge's veto holds it back. Off: the adoption rule
-    (docs/experiments/2026-12-05-gate-v3.md) did not adopt it, the outside sets having no such
-    change (net +0 there; +22 on ours, which alone adopts nothing)."""
     duplicates: bool = True
     """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
     (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
@@ -225,10 +195,7 @@ class Policy:
             "restate_coverage",
             "attribute_margin",
             "judge_duplicate",
-            "judge_keep",
             "judge_veto",
-            "judge_queue",
-            "judge_dequeue",
         )
         for name in unit:
             value = getattr(self, name)
@@ -276,14 +243,12 @@ SEED = Policy(
     floor=0.60,
     contradiction=0.95,
     normalize=False,
-    verify_reverse=False,
     lexical=False,
     keys=False,
     claims=False,
     evidence=False,
     judge=False,
     time_order=False,
-    old_value=False,
     duplicates=False,
     dominance=False,
     ambiguity_margin=0.0,
@@ -330,8 +295,6 @@ class Evidence:
     """P(memory entails new fact), when the model has an entailment label."""
     reverse_entailment: float | None = None
     """P(new fact entails memory), when measured."""
-    reverse_contradiction: float | None = None
-    """Contradiction with the new fact as premise, when measured (verification)."""
     key: str | None = None
     key_match: bool = False
     key_conflict: bool = False
@@ -369,17 +332,12 @@ class Evidence:
     """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
     the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
     not both are dated, or not measured."""
-    old_value: bool = False
-    """The fact names the memory's value as its old one ("changed from A to B", memory holds
-    A)."""
 
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``
-        (``later_dated``, ``old_value``), or empty. Never for another subject."""
+        (``later_dated``), or empty. Never for another subject."""
         if self.subject in (Subject.DISJOINT, Subject.APART) or self.key_conflict or self.mismatch:
             return ""
-        if policy.old_value and self.old_value:
-            return Rule.OLD_VALUE
         if (
             policy.time_order
             and self.dated == "later"
@@ -464,16 +422,12 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("skip", restater.memory_id, Rule.RESTATED)
 
     passing: list[Evidence] = []
-    forward: list[Evidence] = []  # conflicting one way at least: plausible targets all the same
     for ev in above:
         bar = policy.key_match_contradiction if ev.key_match else policy.contradiction
-        changed = ev.value_change and ev.similarity >= policy.value_change_similarity
-        if changed:
+        if ev.value_change and ev.similarity >= policy.value_change_similarity:
             bar = min(bar, policy.value_change_contradiction)
         signal = ev.signal(policy)
-        if signal == Rule.OLD_VALUE:
-            bar = min(bar, policy.value_change_contradiction)
-        elif signal == Rule.LATER_DATED:
+        if signal == Rule.LATER_DATED:
             bar = min(bar, policy.key_match_contradiction)
         if ev.key_conflict:
             reasons[ev.memory_id] = (False, detailed(Reason.KEY_CONFLICT, ev.conflict_reason))
@@ -481,17 +435,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
             reasons[ev.memory_id] = (False, detailed(Reason.MISMATCH, ev.mismatch))
         elif ev.contradiction is None or ev.contradiction <= bar:
             reasons[ev.memory_id] = (False, Reason.LOW_CONTRADICTION)
-        elif (
-            not changed
-            and not signal
-            and policy.verify_reverse
-            and ev.reverse_contradiction is not None
-            and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
-        ):
-            reasons[ev.memory_id] = (False, Reason.ONE_WAY_CONTRADICTION)
-            forward.append(ev)
         else:
-            forward.append(ev)
             why = signal or (Rule.KEY_MATCH if ev.key_match else Rule.CONTRADICTION)
             reasons[ev.memory_id] = (True, why)
             passing.append(ev)
@@ -502,7 +446,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if policy.time_order and best.dated == "earlier":  # history arriving late: kept beside
         reasons[best.memory_id] = (False, Reason.OLDER_THAN_TARGET)
         return out("add", None, Rule.OLDER_THAN_TARGET)
-    for rival in (ev for ev in forward if ev is not best):
+    for rival in (ev for ev in passing if ev is not best):
         gap = abs(best.similarity - rival.similarity)
         margin = (
             policy.key_ambiguity_margin
@@ -553,7 +497,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     return out("replace", best.memory_id, rule)
 
 
-UPDATE_SIGNALS = frozenset({Rule.LATER_DATED, Rule.OLD_VALUE})
+UPDATE_SIGNALS = frozenset({Rule.LATER_DATED})
 """Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
 judge neither vetoes nor dequeues them."""
 

@@ -50,14 +50,13 @@ class Hit:
     forward: bool = False
     """``relate``: the model scores (memory -> fact)."""
     reverse: bool = False
-    """``relate`` / ``score``: the model scores (fact -> memory) too."""
+    """``relate``: the model scores (fact -> memory) too (the duplicate test)."""
     subject: str = ""
     """``identify``: ``shared``, ``disjoint`` or ``unknown`` subjects; empty when not read."""
     attribute: float | None = None
     """``identify``: the embedder's similarity of the two frames (subject and values out)."""
     contradiction: float | None = None
     entailment: float | None = None
-    reverse_contradiction: float | None = None
     reverse_entailment: float | None = None
 
 

@@ -10,12 +10,10 @@ both ways.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from engine.gate import keys as keymod
 from engine.gate import overlap
-from engine.gate.normalize import Normalized
 from engine.gate.policy import Policy
 from engine.gate.probe import Hit, Probe
 
@@ -48,7 +46,6 @@ def _relation(probe: Probe, hit: Hit, policy: Policy) -> keymod.Relation:
     rel = keymod.compare_keys(fact.text, ref.text, fact.key, ref.key)
     if rel.key_match or rel.key_conflict:
         return rel
-    rel = _old_value_match(probe.norm, ref.text) or rel
     if (
         not rel.key_match
         and hit.similarity >= policy.value_change_similarity
@@ -57,14 +54,3 @@ def _relation(probe: Probe, hit: Hit, policy: Policy) -> keymod.Relation:
     ):
         return keymod.Relation(key_match=True, key_conflict=False, reason="value_change")
     return rel
-
-
-def _old_value_match(norm: Normalized | None, memory: str) -> keymod.Relation | None:
-    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
-    old = None if norm is None else norm.old_value
-    if not old or len(old) < 2:
-        return None
-    pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
-    if re.search(pattern, memory, flags=re.IGNORECASE):
-        return keymod.Relation(key_match=True, key_conflict=False, reason="old_value")
-    return None
