@@ -46,7 +46,6 @@ ARMS: dict[str, dict[str, Any]] = {
     "overlap": {"lexical": False},
     "claims": {"claims": False},
     "identify": {"evidence": False},
-    "normalize": {"normalize": False},
     "judge-duplicate": {"judge_duplicate": 1.0},
     "judge-veto": {"judge_veto": 0.0},
 }

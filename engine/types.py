@@ -117,7 +117,8 @@ class Decision:
     rule: str
     """Which path decided: ``episodic``, ``keyed``, ``duplicate``, ``contradiction``..."""
     hypothesis: str | None = None
-    """The normalised text used as NLI hypothesis, when normalisation rewrote the fact."""
+    """The normalised text used as NLI hypothesis, in records of gates before issue 31 (the
+    normalisation is retired: a decision made now leaves it None)."""
     inferred_key: str | None = None
     memory_id: str | None = None
     """Id of the memory stored by this decision (apply mode; None for skip and dry runs)."""

@@ -117,7 +117,7 @@ class Invalidation:
     existing_fact: str
     """The fact the LLM said is contradicted (the NLI premise)."""
     new_fact: str
-    """The new edge's fact (the NLI hypothesis, after normalisation)."""
+    """The new edge's fact (the NLI hypothesis)."""
     outcome: Outcome
     reason: str
     """Why: the gate's rule when kept or review, else this fact's reason (``low_contradiction``,

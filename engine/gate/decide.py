@@ -85,17 +85,13 @@ def _free_text(
     v = rule(evidence, policy)
     if judge is not None:
         v = judge.amend(v, evidence, probe.fact.text, policy)
-    name = v.rule
-    if probe.hypothesis and probe.norm is not None and v.action in ("replace", "review"):
-        name = f"{name}+normalized:{probe.norm.rule}"
     return Decision(
         v.action,
         probe.fact,
         v.target_id,
         v.candidates,
         policy.name,
-        name,
-        hypothesis=probe.hypothesis,
+        v.rule,
         inferred_key=probe.key_text,
         memory_id=new_id if v.action in ("add", "replace") else None,
     )

@@ -1,4 +1,4 @@
-"""Step 2, ``embed``: one embedder call for every fact's text and every extra recall query."""
+"""Step 2, ``embed``: one embedder call for every fact's text."""
 
 from __future__ import annotations
 
@@ -13,12 +13,8 @@ __all__ = ["embed"]
 
 
 def embed(probes: Sequence[Probe], embedder: Embedder) -> np.ndarray:
-    """Set each probe's vectors; returns the facts' vectors ``[n, dim]`` (what is stored)."""
-    texts = [p.fact.text for p in probes] + [q for p in probes for q in p.queries]
-    vectors = embedder.embed(texts)
-    at = len(probes)
-    for n, probe in enumerate(probes):
-        probe.vector = vectors[n]
-        probe.extra = [vectors[at + j] for j in range(len(probe.queries))]
-        at += len(probe.queries)
-    return vectors[: len(probes)]
+    """Set each probe's vector; returns the facts' vectors ``[n, dim]`` (what is stored)."""
+    vectors = embedder.embed([p.fact.text for p in probes])
+    for probe, vector in zip(probes, vectors, strict=True):
+        probe.vector = vector
+    return vectors

@@ -102,8 +102,6 @@ class Policy:
     pass the strict rules at ``auto_floor`` is replaced, and only the rest is queued."""
     auto_floor: float = 0.60
     """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
-    normalize: bool = True
-    """Rewrite change/event phrasing into a current-state statement for the NLI check."""
     lexical: bool = True
     """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
     keys: bool = True
@@ -242,7 +240,6 @@ SEED = Policy(
     name="seed",
     floor=0.60,
     contradiction=0.95,
-    normalize=False,
     lexical=False,
     keys=False,
     claims=False,

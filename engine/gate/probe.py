@@ -1,11 +1,10 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
-``plan`` sets what to check and how (normalised text, extra recall queries); ``embed`` the
-vectors; ``recall`` the hits (stored neighbours and earlier facts of the batch); ``relate`` each
-hit's attribute relation and which hits the model must score; ``identify`` the subject
-relation and frame similarity of those hits; ``score`` the model's
-probabilities; ``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`;
-``decide`` sets the decision.
+``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
+earlier facts of the batch); ``relate`` each hit's attribute relation and which hits the model
+must score; ``identify`` the subject relation and frame similarity of those hits; ``score`` the
+model's probabilities; ``weigh`` turns each hit into the policy's
+:class:`~engine.gate.policy.Evidence`; ``decide`` sets the decision.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.gate.keys import AttributeKey, Relation
-from engine.gate.normalize import Normalized
 from engine.types import Decision, Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
@@ -68,27 +66,11 @@ class Probe:
     fact: Fact
     checked: bool
     """A free-text, non-episodic fact without an explicit key: compared against memories."""
-    norm: Normalized | None = None
-    """The normalised (current-state) form, when normalisation is on."""
-    queries: list[str] = field(default_factory=list)
-    """Extra recall texts: the current-state rewrite of an event, the old state it ends."""
     key: AttributeKey | None = None
     """The attribute key inferred from the text (None for episodic facts)."""
     vector: np.ndarray | None = None
-    extra: list[np.ndarray] = field(default_factory=list)
-    """Vectors of ``queries``, in order."""
     hits: list[Hit] = field(default_factory=list)
     decision: Decision | None = None
-
-    @property
-    def nli_text(self) -> str:
-        """The fact as the NLI hypothesis: its normalised form when there is one."""
-        return self.norm.hypothesis if self.norm is not None else self.fact.text
-
-    @property
-    def hypothesis(self) -> str | None:
-        """The rewrite reported with the decision, when normalisation changed the fact."""
-        return self.norm.hypothesis if self.norm is not None and self.norm.rule else None
 
     @property
     def key_text(self) -> str | None:

@@ -1,6 +1,6 @@
 """Step 5, ``score``: one NLI call over every pair ``relate`` asked for.
 
-Forward pairs are (memory, fact's normalised text); reverse pairs are (fact, memory), asked for
+Forward pairs are (memory, fact); reverse pairs are (fact, memory), asked for
 the nearly identical closest candidate only, whose duplicate test needs entailment both ways.
 """
 
@@ -24,7 +24,7 @@ def score(probes: Sequence[Probe], nli: NLI) -> int:
     for probe in probes:
         for hit in probe.hits:
             if hit.forward:
-                pairs.append((hit.ref.text, probe.nli_text))
+                pairs.append((hit.ref.text, probe.fact.text))
                 slots.append((hit, False))
             if hit.reverse:
                 pairs.append((probe.fact.text, hit.ref.text))

@@ -100,7 +100,6 @@ _FLOAT_OVERRIDES = (
 _TTL_OVERRIDES = ("episodic_ttl_s", "semantic_ttl_s", "procedural_ttl_s")
 _OTHER_OVERRIDES: dict[str, Callable[[Any], Any]] = {
     "top_k": int,
-    "normalize": bool,
     "keys": bool,
     "review_scope": str,
 }
