@@ -42,7 +42,6 @@ FROZEN = {"heldout23", "heldout24"}
 
 ARMS: dict[str, dict[str, Any]] = {
     "on": {},
-    "keys": {"keys": False},
     "overlap": {"lexical": False},
     "claims": {"claims": False},
     "identify": {"evidence": False},

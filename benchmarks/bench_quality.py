@@ -49,7 +49,6 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "seed": ("seed", {}),
     "strict": ("strict", {}),
     "strict -judge": ("strict", {"judge": False}),
-    "strict -keys": ("strict", {"keys": False}),
     "strict -lexical": ("strict", {"lexical": False}),
     "review": ("review", {}),
     "review -judge": ("review", {"judge": False}),

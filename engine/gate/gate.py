@@ -21,7 +21,6 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from engine.errors import InvalidInput, NotFound
-from engine.gate import keys as keymod
 from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
@@ -402,7 +401,6 @@ class Gate(Generic[S, X]):
                 (),
                 "ingest",
                 "ingest",
-                inferred_key=_key_str(keymod.infer_key(f.text)),
                 memory_id=new_memory_id(),
             )
             for f in facts
@@ -454,10 +452,6 @@ def decide_recalled(
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0
     return decisions, pairs
-
-
-def _key_str(key: keymod.AttributeKey | None) -> str | None:
-    return None if key is None else str(key)
 
 
 def _model_name(model: object) -> str | None:

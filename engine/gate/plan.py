@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.gate import keys as keymod
 from engine.gate.policy import Policy
 from engine.gate.probe import Probe
 from engine.types import Fact
@@ -21,7 +20,5 @@ def plan(facts: Sequence[Fact], policy: Policy) -> list[Probe]:
     for i, fact in enumerate(facts):
         checked = fact.kind != "episodic" and fact.key is None
         probe = Probe(index=i, fact=fact, checked=checked)
-        if fact.kind != "episodic":
-            probe.key = keymod.infer_key(fact.text)
         probes.append(probe)
     return probes

@@ -1,10 +1,10 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
 ``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` each hit's attribute relation and which hits the model
-must score; ``identify`` the subject relation and frame similarity of those hits; ``score`` the
-model's probabilities; ``weigh`` turns each hit into the policy's
-:class:`~engine.gate.policy.Evidence`; ``decide`` sets the decision.
+earlier facts of the batch); ``relate`` which hits the model must score; ``identify`` the
+subject relation and frame similarity of those hits; ``score`` the model's probabilities;
+``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`; ``decide``
+sets the decision.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.gate.keys import AttributeKey, Relation
 from engine.types import Decision, Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
@@ -27,7 +26,7 @@ class Ref:
     memory_id: str
     text: str
     key: str | None
-    inferred_key: str | None
+    """The caller's fixed key (``Fact.key``), if any."""
     rowid: int | None = None
 
     @property
@@ -43,8 +42,6 @@ class Hit:
     similarity: float
     rank: int = 0
     """Position among the fact's candidates, most similar first."""
-    relation: Relation | None = None
-    """Attribute relation (``relate``); None below the lowest floor or with keys off."""
     forward: bool = False
     """``relate``: the model scores (memory -> fact)."""
     reverse: bool = False
@@ -66,12 +63,6 @@ class Probe:
     fact: Fact
     checked: bool
     """A free-text, non-episodic fact without an explicit key: compared against memories."""
-    key: AttributeKey | None = None
-    """The attribute key inferred from the text (None for episodic facts)."""
     vector: np.ndarray | None = None
     hits: list[Hit] = field(default_factory=list)
     decision: Decision | None = None
-
-    @property
-    def key_text(self) -> str | None:
-        return None if self.key is None else str(self.key)

@@ -30,7 +30,7 @@ def recall(probes: Sequence[Probe], store: Store, index: Index, k: int) -> None:
             if earlier.fact.namespace != probe.fact.namespace or not earlier.checked:
                 continue
             assert earlier.vector is not None
-            ref = Ref(f"@{earlier.index}", earlier.fact.text, earlier.fact.key, earlier.key_text)
+            ref = Ref(f"@{earlier.index}", earlier.fact.text, earlier.fact.key)
             pool.append((ref, float(probe.vector @ earlier.vector)))
         pool.sort(key=lambda rs: -rs[1])
         probe.hits = [
@@ -59,7 +59,7 @@ def _stored(
         for i, hits in best.items():
             ranked = sorted(hits.items(), key=lambda rs: -rs[1])[:k]
             out[i] = [
-                (Ref(ref.id, ref.text, ref.key, ref.inferred_key, r), s)
+                (Ref(ref.id, ref.text, ref.key, r), s)
                 for r, s in ranked
                 if (ref := refs.get(r)) is not None and ref.kind != "episodic"
             ]

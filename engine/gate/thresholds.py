@@ -26,8 +26,8 @@ __all__ = [
 class ModelThresholds:
     contradiction: float
     """Contradiction a candidate must exceed (no attribute match)."""
-    key_match_contradiction: float
-    """The bar for a candidate whose attribute matches the fact's."""
+    dated_contradiction: float
+    """The bar for a candidate the fact is dated after (rule ``later_dated``)."""
     duplicate_max_contradiction: float
     """Above this, a near-identical candidate is an update, not a duplicate."""
 

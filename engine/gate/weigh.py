@@ -5,8 +5,7 @@ packs several claims and the fact leaves some standing; the fact restates, chang
 the memory's canonical values; the fact says what the memory says, of another subject; the
 two name two things of one kind, "Hive 2" and "Hive 4"),
 computed only where they can matter: for the hits ``relate`` sends to the model
-(``hit.forward``), which are exactly the candidates the rule weighs (above their floor, not a
-sibling).
+(``hit.forward``), which are exactly the candidates the rule weighs (above the floor).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ def _dated(memory: str, fact: str) -> str:
 
 def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     """``memory_id`` is the hit's id as the decision reports it (an in-batch ref resolved)."""
-    ref, rel, fact = hit.ref, hit.relation, probe.fact
+    ref, fact = hit.ref, probe.fact
     near = policy.lexical and hit.forward
     got = _compare(ref.text, fact.text, policy) if near and policy.claims else _Claims()
     parsed = hit.forward and policy.claims  # the signals read the parse (identify's too)
@@ -71,11 +70,8 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         contradiction=hit.contradiction,
         entailment=hit.entailment,
         reverse_entailment=hit.reverse_entailment,
-        key=ref.key or ref.inferred_key,
-        key_match=bool(rel and rel.key_match),
-        key_conflict=bool(rel and rel.key_conflict),
+        key=ref.key,
         mismatch="other_subject" if got.another else "other_instance" if got.apart else "",
-        conflict_reason=rel.reason if rel else "",
         contained=near and not got.new_values and overlap.contains(ref.text, fact.text),
         partial=near and (overlap.claims(ref.text, fact.text).partial or got.partial),
         subject=hit.subject,

@@ -77,13 +77,11 @@ __all__ = [
 SAFER: dict[str, int] = {
     "floor": 1,
     "contradiction": 1,
-    "key_match_contradiction": 1,
-    "key_match_floor": 1,
+    "dated_contradiction": 1,
     "auto_floor": 1,
     "value_change_similarity": 1,
     "duplicate_similarity": 1,
     "ambiguity_margin": 1,
-    "key_ambiguity_margin": 1,
     "dominance_margin": -1,
     "partial_values": -1,
     "judge_veto": 1,
@@ -94,7 +92,7 @@ standing send more multi-value memories to review). A higher ``judge_veto`` hold
 replacements back. Fields not listed count higher as safer."""
 
 _NOT_SWEPT = {"name", "mode"}
-DEFAULT_FIELDS = ("floor", "contradiction", "key_match_contradiction")
+DEFAULT_FIELDS = ("floor", "contradiction", "dated_contradiction")
 JUDGE_FIELDS = ("judge_veto",)
 """The judge's bars the default grid sweeps when the served models have a judge with update
 trees (:func:`judge_grid`): the veto, where the policy replaces. Its duplicate bar is not
@@ -177,7 +175,7 @@ def default_grid(base: Policy) -> dict[str, list[float]]:
     return {
         "floor": sorted(f for f in floors if 0.0 <= f <= 1.0),
         "contradiction": sorted({0.85, 0.90, 0.95, 0.98, base.contradiction}),
-        "key_match_contradiction": sorted({0.70, 0.80, 0.90, base.key_match_contradiction}),
+        "dated_contradiction": sorted({0.70, 0.80, 0.90, base.dated_contradiction}),
     }
 
 
@@ -653,7 +651,7 @@ def add_arguments(p: Any) -> None:
         metavar="NAME=VALUES",
         help="a numeric policy field and its values, a,b,c or start:stop:step (repeatable); "
         "replaces that field's default values (default grid: floor base-0.1..base+0.1 by "
-        "0.05, contradiction 0.85,0.9,0.95,0.98, key_match_contradiction 0.7,0.8,0.9; with a "
+        "0.05, contradiction 0.85,0.9,0.95,0.98, dated_contradiction 0.7,0.8,0.9; with a "
         "judge for the served models also judge_veto 0,0.3,0.6 where the policy replaces, "
         "with the judge's own bar)",
     )
