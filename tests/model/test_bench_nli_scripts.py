@@ -94,13 +94,7 @@ def test_cv_judge_scores_each_set_with_a_judge_fitted_without_it(
     result = _result(tmp_path, "cv_judge")
     assert [r["set"] for r in result["sets"]] == ["heldout2", "heldout3", "heldout4"]
     for rec in result["sets"]:
-        assert set(rec["bars"]) == {
-            "duplicate_bar",
-            "keep_bar",
-            "veto_bar",
-            "queue_bar",
-            "dequeue_bar",
-        }
+        assert set(rec["bars"]) == {"duplicate_bar", "veto_bar"}
         alone, judged = rec["alone"], rec["judge"]
         assert alone["strict"]["cases"] == judged["strict"]["cases"] == 15
         # the judge never adds a wrongful overwrite, and review never replaces
