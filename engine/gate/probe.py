@@ -29,10 +29,6 @@ class Ref:
     """The caller's fixed key (``Fact.key``), if any."""
     rowid: int | None = None
 
-    @property
-    def in_batch(self) -> bool:
-        return self.memory_id.startswith("@")
-
 
 @dataclass(slots=True)
 class Hit:
