@@ -77,17 +77,6 @@ def test_restatement_is_skipped_as_a_duplicate(gate: Gate) -> None:
     assert len(active_texts(gate)) == len(SEED)
 
 
-def test_event_phrased_update_is_caught(make_gate: Callable[..., Gate]) -> None:
-    g = make_gate()
-    g.ingest(
-        [Fact("u/maya", "Maya lives in Denver, Colorado."), Fact("u/maya", "Maya is a nurse.")]
-    )
-    d = g.triage([Fact("u/maya", "Maya moved to Austin last month.")], "strict").decisions[0]
-    assert d.action == "replace", d
-    assert d.hypothesis  # the event was rewritten for the NLI check
-    assert d.candidates[0].text == "Maya lives in Denver, Colorado."
-
-
 def test_sibling_is_never_replaced(make_gate: Callable[..., Gate]) -> None:
     g = make_gate()
     g.ingest([Fact("u/trip", "Outbound flight: LH 400 on 2 May, seat 14A.")])
