@@ -194,4 +194,3 @@ def claims(memory: str, fact: str) -> Claims:
         if not shared:
             untouched += 1
     return Claims(claims=total, untouched=untouched)
-
