@@ -42,17 +42,11 @@ FROZEN = {"heldout23", "heldout24"}
 
 ARMS: dict[str, dict[str, Any]] = {
     "on": {},
-    "keys": {"keys": False},
     "overlap": {"lexical": False},
     "claims": {"claims": False},
     "identify": {"evidence": False},
-    "normalize": {"normalize": False},
-    "reverse": {"verify_reverse": False},
     "judge-duplicate": {"judge_duplicate": 1.0},
-    "judge-keep": {"judge_keep": 0.0},
     "judge-veto": {"judge_veto": 0.0},
-    "judge-queue": {"judge_queue": 1.0},
-    "judge-dequeue": {"judge_dequeue": 0.0},
 }
 """Arm -> the policy overrides that turn its mechanism off (``on``: none). ``claims`` off also
 leaves identify without its parse (subject relation and frames come from it), so under strict

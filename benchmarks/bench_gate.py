@@ -709,8 +709,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  memgate, PyTorch = best of {warm} warm dry-run pass(es); cold = memgate's first pass, "
         "indexes loading from the store.\n  seed (extrap.) = the published code re-embedding "
         f"every memory per fact, measured at N = {args.seed_n} and extrapolated linearly in N."
-        "\n  pairs/fact: NLI pairs per fact, memgate deberta / PyTorch (memgate skips sibling "
-        "attributes; adds a reverse pair for near-duplicates)."
+        "\n  pairs/fact: NLI pairs per fact, memgate deberta / PyTorch (memgate scores the "
+        "candidates above its floor; adds a reverse pair for near-duplicates)."
     )
 
     if args.threads == 1:
@@ -769,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
             ["scenario", "system", *PHASES, "other"],
             phase_rows,
             title="Time per fact by phase, ms (share of the pass); identify + relate = parsing and "
-            "claim comparison; 'other' = validation, normalisation, keys, candidate building",
+            "claim comparison; 'other' = validation, candidate building",
         )
     )
 

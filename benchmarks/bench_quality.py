@@ -45,33 +45,18 @@ HELDOUT_SETS = {
 
 # name -> (policy, overrides). "seed" is the published rule: floor, threshold, most similar
 # passing candidate, nothing else.
-SEED = {
-    "normalize": False,
-    "keys": False,
-    "lexical": False,
-    "duplicate_similarity": 1.0,
-    "dominance_margin": 0.5,
-    "ambiguity_margin": 0.0,
-    "key_ambiguity_margin": 0.0,
-}
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "seed": ("seed", {}),
     "strict": ("strict", {}),
     "strict -judge": ("strict", {"judge": False}),
-    "strict -normalize": ("strict", {"normalize": False}),
-    "strict -keys": ("strict", {"keys": False}),
     "strict -lexical": ("strict", {"lexical": False}),
-    "strict -normalize -keys": ("strict", {"normalize": False, "keys": False}),
-    "strict seed rules": ("strict", SEED),
     "review": ("review", {}),
     "review -judge": ("review", {"judge": False}),
     "review scope=all": ("review", {"review_scope": "all"}),
-    "review seed rules": ("review", {**SEED, "review_scope": "all"}),
     "seed-review": ("seed-review", {}),
 }
 """``seed`` / ``seed-review`` are the named policies of the seed's plain rule (every mechanism
-off, :data:`engine.gate.policy.SEED`); the older ``... seed rules`` rows switch off only some
-of them (keys, normalisation, lexical rules, duplicates by similarity, dominance, ambiguity)."""
+off, :data:`engine.gate.policy.SEED`)."""
 GROUP_CONFIGS = ("seed", "strict", "seed-review", "review")
 """The side-by-side table per set group (issue 31, item 6): the seed's rule beside strict, and
 its review variant beside review."""

@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     from engine.tuning.fit_judge import (
         capture,
         choose_bars,
-        choose_queue,
         default_sets,
         figures,
         labelled_rows,
@@ -90,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         r_items, r_judged = [items[i] for i in rest], [judged[i] for i in rest]
         r_updates = [updates[i] for i in rest]
         bars, _ = choose_bars(r_items, strict, r_judged, r_updates)
-        queued, _, _ = choose_queue(r_items, review0, r_judged, r_updates, bars)
-        bars.update(queued)
         # every bar on both policies, as the gate serves a fitted judge (Judge.policy)
         pol, review = with_bars(strict, bars), with_bars(review0, bars)
         its, js = [items[i] for i in held], [judged[i] for i in held]
@@ -116,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 name,
                 a["cases"],
-                f"{bars['duplicate_bar']:.2f}/{bars['keep_bar']:.2f}/{bars['veto_bar']:.1f}/"
-                f"{bars['queue_bar']:.1f}/{bars['dequeue_bar']:.2f}",
+                f"{bars['duplicate_bar']:.2f}/{bars['veto_bar']:.1f}",
                 a["wrongful_overwrites"],
                 j["wrongful_overwrites"],
                 f"{a['update_recall']:.3f}",
@@ -154,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 "held set",
                 "cases",
-                "bars dup/keep/veto/queue/dequeue",
+                "bars dup/veto",
                 "WO rule",
                 "WO +judge",
                 "recall rule",

@@ -48,7 +48,7 @@ TUNED_ON = [  # the sets the thresholds were chosen on (dev, outside the reposit
 HELD_OUT = tuple(f"heldout-{n}" for n in range(8, 25))
 GRID: dict[str, list[float]] = {
     "contradiction": [0.95, 0.97, 0.98],
-    "key_match_contradiction": [0.80, 0.90, 0.95],
+    "dated_contradiction": [0.80, 0.90, 0.95],
     "ambiguity_margin": [0.02, 0.05, 0.08],
     "dominance_margin": [0.03, 0.06, 0.09],
     "attribute_margin": [0.10, 0.20, 0.30],

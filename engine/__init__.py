@@ -4,7 +4,7 @@ Layers, one direction of dependency::
 
     engine.server (gRPC) -> engine.gate (pipeline) -> engine.runtime / engine.index / engine.store
 
-Pure modules (``errors``, ``types``, ``gate.policy``, ``gate.normalize``, ``gate.keys``,
+Pure modules (``errors``, ``types``, ``gate.policy``, ``gate.names``,
 ``gate.overlap``) import nothing that does I/O.
 """
 

@@ -189,5 +189,5 @@ def open_engine(settings: EngineSettings, *, db_path: Path | None = None) -> Ope
         index = IndexManager(store.iter_active_embeddings, settings.index, follow=follow)
     judge = find_judge(settings.cache_dir, embedder, nli) if settings.judge else None
     if judge is not None:
-        log.info("%s (bars %.2f / %.2f)", judge.describe(), judge.duplicate_bar, judge.keep_bar)
+        log.info("%s (bars %.2f / %.2f)", judge.describe(), judge.duplicate_bar, judge.veto_bar)
     return OpenedEngine(Gate(store, index, embedder, nli, settings.gate, judge), settings)

@@ -107,7 +107,8 @@ class Memory:
     scores: dict[str, Any]
     """Scores of the decision that stored this memory (similarity, contradiction, rule, policy)."""
     inferred_key: str | None = None
-    """Attribute key inferred from the text (subject/attribute), used to keep siblings apart."""
+    """Attribute key inferred from the text, in memories stored before issue 31 retired the
+    attribute keys (a memory stored now has None)."""
     expires_at: float | None = None
     """When it expires (Unix seconds); None: never."""
     inactive_since: float | None = None
@@ -130,7 +131,8 @@ class Candidate:
     passed: bool = False
     """True when this candidate cleared every check for replacement."""
     reason: str = ""
-    """Why it did or did not pass (``below_floor``, ``key_conflict``, ``low_contradiction``...)."""
+    """Why it did or did not pass (``below_floor``, ``mismatch:other_subject``,
+    ``low_contradiction``...)."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out): the evidence that memory and fact
     speak of one attribute; None when not measured. In-process only (not on the wire)."""
@@ -154,8 +156,11 @@ class Decision:
     rule: str
     """Which path decided: ``episodic``, ``keyed``, ``duplicate``, ``contradiction``..."""
     hypothesis: str | None = None
-    """The normalised text used as NLI hypothesis, when normalisation rewrote the fact."""
+    """The normalised text used as NLI hypothesis, in records of gates before issue 31 (the
+    normalisation is retired: a decision made now leaves it None)."""
     inferred_key: str | None = None
+    """The attribute key inferred from the text, in records of gates before issue 31 (the keys
+    are retired: a decision made now leaves it None)."""
     memory_id: str | None = None
     """Id of the memory stored by this decision (apply mode; None for skip and dry runs)."""
     review_id: str | None = None

@@ -60,7 +60,6 @@ from engine.adapters._engine import (
     local_cache_dir,
 )
 from engine.errors import InvalidInput
-from engine.gate import keys as keymod
 from engine.gate.embed import embed
 from engine.gate.gate import GateSettings, decide_recalled, policy_for, validate_fact
 from engine.gate.judge import VerdictJudge
@@ -117,7 +116,7 @@ class Invalidation:
     existing_fact: str
     """The fact the LLM said is contradicted (the NLI premise)."""
     new_fact: str
-    """The new edge's fact (the NLI hypothesis, after normalisation)."""
+    """The new edge's fact (the NLI hypothesis)."""
     outcome: Outcome
     reason: str
     """Why: the gate's rule when kept or review, else this fact's reason (``low_contradiction``,
@@ -341,12 +340,10 @@ def judge(
     assert probe.vector is not None
     if facts:
         vectors = embedder.embed(list(facts))
-        queries = [probe.vector, *probe.extra]
-        sims = [max(float(q @ v) for q in queries) for v in vectors]
+        sims = [float(probe.vector @ v) for v in vectors]
         order = sorted(range(len(facts)), key=lambda i: -sims[i])[: policy.top_k]
         probe.hits = [
-            Hit(Ref(ids[i], facts[i], None, _key_str(facts[i])), sims[i], rank)
-            for rank, i in enumerate(order)
+            Hit(Ref(ids[i], facts[i], None), sims[i], rank) for rank, i in enumerate(order)
         ]
     [decision], _ = decide_recalled(
         [probe], embedder, nli, policy, lambda namespace, key: None, judge=fitted
@@ -363,7 +360,7 @@ def _record(idx: int, listing: _Listing, d: Decision) -> Invalidation:
         reason = d.rule
     elif cand is None:
         outcome, reason = "dropped", "not_recalled"
-    elif cand.reason in ("contradiction", "key_match") and d.target_id is not None:
+    elif cand.reason == "contradiction" and d.target_id is not None:
         outcome, reason = "dropped", f"lost_to:{d.target_id}"  # passed, another is closer
     elif cand.reason == "not_reached":
         outcome, reason = "dropped", f"not_reached:{d.rule}"  # decided before it (duplicate...)
@@ -423,8 +420,3 @@ def _literal_list(block: str, name: str) -> list[dict[str, Any]]:
             f"entries: {block[:200]!r}"
         )
     return list(value)  # type: ignore[arg-type]
-
-
-def _key_str(text: str) -> str | None:
-    key = keymod.infer_key(text)
-    return None if key is None else str(key)

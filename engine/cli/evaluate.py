@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
     add_policy_file_flag(p)
     p.add_argument("--out", help="predictions.jsonl (default: stdout when unlabelled)")
     p.add_argument("--json", action="store_true", help="the scores as one JSON object")
-    p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"normalize": false}')
+    p.add_argument("--overrides", help='JSON of policy overrides, e.g. {"floor": 0.7}')
     p.add_argument("--explain", action="store_true", help="add rule and candidates to each line")
     add_engine_flags(p)
     p.set_defaults(func=cmd_eval)

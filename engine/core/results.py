@@ -20,7 +20,7 @@ __all__ = ["GATE_PHASES", "Recalled", "Streamed", "Timings", "Triaged"]
 GATE_PHASES: tuple[str, ...] = ("embed", "search", "keys", "nli", "decide", "store")
 """Phases of a request's timings; ``keys`` is the gate's ``identify`` + ``relate`` (parsing the
 texts and comparing their claims)."""
-_KEY_STEPS = ("keys", "identify", "relate")
+_KEY_STEPS = ("identify", "relate")
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,18 +85,13 @@ def _free_text(
     v = rule(evidence, policy)
     if judge is not None:
         v = judge.amend(v, evidence, probe.fact.text, policy)
-    name = v.rule
-    if probe.hypothesis and probe.norm is not None and v.action in ("replace", "review"):
-        name = f"{name}+normalized:{probe.norm.rule}"
     return Decision(
         v.action,
         probe.fact,
         v.target_id,
         v.candidates,
         policy.name,
-        name,
-        hypothesis=probe.hypothesis,
-        inferred_key=probe.key_text,
+        v.rule,
         memory_id=new_id if v.action in ("add", "replace") else None,
     )
 
@@ -108,7 +103,7 @@ def _same_text(a: str, b: str) -> bool:
 def _keyed(
     probe: Probe, policy: Policy, batch: EarlierFacts, active_by_key: ActiveByKey, new_id: str
 ) -> Decision:
-    fact, ikey = probe.fact, probe.key_text
+    fact = probe.fact
     assert fact.key is not None
     slot = (fact.namespace, fact.key)
     current = batch.keyed.get(slot)
@@ -118,14 +113,10 @@ def _keyed(
             current = (mem.id, mem.text)
     if current is None:
         batch.keyed[slot] = (new_id, fact.text)
-        return Decision(
-            "add", fact, None, (), policy.name, Rule.KEYED_NEW, inferred_key=ikey, memory_id=new_id
-        )
+        return Decision("add", fact, None, (), policy.name, Rule.KEYED_NEW, memory_id=new_id)
     cand = (Candidate(current[0], current[1], 1.0, None, None, fact.key, True, Reason.SAME_KEY),)
     if _same_text(current[1], fact.text):
-        return Decision(
-            "skip", fact, current[0], cand, policy.name, Rule.KEYED_SAME, inferred_key=ikey
-        )
+        return Decision("skip", fact, current[0], cand, policy.name, Rule.KEYED_SAME)
     batch.keyed[slot] = (new_id, fact.text)
     return Decision(
         "replace",
@@ -134,6 +125,5 @@ def _keyed(
         cand,
         policy.name,
         Rule.KEYED,
-        inferred_key=ikey,
         memory_id=new_id,
     )

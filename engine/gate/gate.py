@@ -21,7 +21,6 @@ from typing import Any, Generic, TypeVar, cast
 import numpy as np
 
 from engine.errors import InvalidInput, NotFound
-from engine.gate import keys as keymod
 from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
@@ -409,7 +408,6 @@ class Gate(Generic[S, X]):
                 (),
                 "ingest",
                 "ingest",
-                inferred_key=_key_str(keymod.infer_key(f.text)),
                 memory_id=new_memory_id(),
             )
             for f in facts
@@ -455,16 +453,12 @@ def decide_recalled(
     identify(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
     timings["identify"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pairs = score(probes, nli, pol)
+    pairs = score(probes, nli)
     timings["nli"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0
     return decisions, pairs
-
-
-def _key_str(key: keymod.AttributeKey | None) -> str | None:
-    return None if key is None else str(key)
 
 
 def _model_name(model: object) -> str | None:

@@ -54,18 +54,18 @@ def identify(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int
     if not policy.claims:
         return 0
     # every text read here and in weigh, parsed in one batch (memoised for both); relate
-    # parses nothing (its keys and numbers are read by rules), so it can run first
+    # parses nothing, so it can run first
     parse.many(
         t
         for probe in probes
         if probe.checked
-        for t in (probe.nli_text, *(h.ref.text for h in probe.hits if h.forward))
+        for t in (probe.fact.text, *(h.ref.text for h in probe.hits if h.forward))
     )
     slots: list[tuple[Hit, str, str]] = []
     for probe in probes:
         if not probe.checked:
             continue
-        text = probe.nli_text
+        text = probe.fact.text
         for hit in probe.hits:
             if not hit.forward:
                 continue

@@ -5,8 +5,8 @@ produces is a member, and that docs/gate.md lists every rule).
 
 They are ``StrEnum``: a member *is* its string, so stored records, JSON and protobuf fields
 carry the plain name (``"contradiction"``), as they always have. Some reasons carry a detail
-after a colon (``key_conflict:qualifier:return!=outbound``, ``unproven:subject_disjoint``) and
-two rules are composed (``partial_contradiction:key_match``, ``contradiction+confident``);
+after a colon (``mismatch:other_subject``, ``unproven:subject_disjoint``) and two rules are
+composed (``partial_contradiction:later_dated``, ``contradiction+confident``);
 :func:`partial_rule` and :func:`confident_rule` build those.
 """
 
@@ -46,8 +46,6 @@ class Rule(StrEnum):
     """The fact is dated before its target: added to history, never replacing."""
     AMBIGUOUS_TARGET = "ambiguous_target"
     """Two passing candidates about as similar: review."""
-    AMBIGUOUS_ADDRESS = "ambiguous_address"
-    """Two stored contact values of one attribute: review."""
     ATTRIBUTE_RIVAL = "attribute_rival"
     """A memory whose frame is nearer the fact holds a value of the kind it changes: review."""
     DOMINATED = "dominated"
@@ -56,12 +54,8 @@ class Rule(StrEnum):
     """Strict, without positive evidence of the same attribute of the same subject: added."""
     CONTRADICTION = "contradiction"
     """The target passed on contradiction: replaced (strict) or queued (review)."""
-    KEY_MATCH = "key_match"
-    """The target passed with a matching attribute key."""
     LATER_DATED = "later_dated"
     """The fact is dated after its target, same subject and attribute: an update."""
-    OLD_VALUE = "old_value"
-    """The fact names the target's value as its old one ("changed from A to B")."""
     PARTIAL_CONTRADICTION = "partial_contradiction"
     """The target packs several claims of which the fact changes some: review (composed with the
     passing rule by :func:`partial_rule`)."""
@@ -70,13 +64,9 @@ class Rule(StrEnum):
     """The judge doubts the rule's target is being replaced: added (strict) or queued."""
     JUDGED_DUPLICATE = "judged_duplicate"
     """The judge calls a candidate a restatement: skipped."""
-    JUDGED_NEW = "judged_new"
-    """The judge overturns the rule's skip: added."""
-    JUDGED_UPDATE = "judged_update"
-    """The judge calls a candidate the fact's predecessor: queued (review policies)."""
 
 
-UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.KEY_MATCH, Rule.LATER_DATED, Rule.OLD_VALUE})
+UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.LATER_DATED})
 """The rules under which a candidate passes as the fact's target."""
 
 
@@ -90,16 +80,11 @@ class Reason(StrEnum):
     CONTAINS_NEW_FACT = "contains_new_fact"
     SAME_VALUES = "same_values"
     SAME_KEY = "same_key"
-    KEY_CONFLICT = "key_conflict"
-    """A sibling (detail: which qualifier, person or instance differs)."""
     MISMATCH = "mismatch"
     """About something else (detail: ``other_subject`` or ``other_instance``)."""
     LOW_CONTRADICTION = "low_contradiction"
-    ONE_WAY_CONTRADICTION = "one_way_contradiction"
     CONTRADICTION = "contradiction"
-    KEY_MATCH = "key_match"
     LATER_DATED = "later_dated"
-    OLD_VALUE = "old_value"
     OLDER_THAN_TARGET = "older_than_target"
     AMBIGUOUS = "ambiguous"
     NEARER_ATTRIBUTE = "nearer_attribute"
@@ -109,8 +94,6 @@ class Reason(StrEnum):
     """Detail: the missing evidence (``subject_disjoint``, ``attribute:0.05<0.10``...)."""
     JUDGED_NOT_UPDATE = "judged_not_update"
     JUDGED_DUPLICATE = "judged_duplicate"
-    JUDGED_NEW = "judged_new"
-    JUDGED_UPDATE = "judged_update"
     """The judge's probability follows as the detail."""
 
 

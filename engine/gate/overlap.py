@@ -27,8 +27,6 @@ __all__ = [
     "contains",
     "coverage",
     "negated",
-    "numbers",
-    "value_change",
 ]
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?|\d+(?:[.,:]\d+)*")
@@ -196,13 +194,3 @@ def claims(memory: str, fact: str) -> Claims:
         if not shared:
             untouched += 1
     return Claims(claims=total, untouched=untouched)
-
-
-def numbers(text: str) -> frozenset[str]:
-    return frozenset(t for t in content_tokens(text) if any(ch.isdigit() for ch in t))
-
-
-def value_change(memory: str, fact: str) -> bool:
-    """Both state numbers, and the fact's are not the memory's: a new value, not a refinement."""
-    old, new = numbers(memory), numbers(fact)
-    return bool(old and new) and not new <= old and not old <= new

@@ -7,17 +7,17 @@ The rule, per incoming free-text fact, over candidates sorted by similarity:
    (``duplicate_similarity``), the model sees no contradiction, and, where the model has an
    entailment label, each side entails the other;
    or it already contains every content word of the new fact with the same polarity;
-3. a candidate **passes** when its contradiction clears the threshold, it is not a sibling
-   (attribute keys in conflict: return vs outbound flight, another person, another environment),
-   and its entities and numbers do not show it to be about something else. A candidate whose
-   attribute key matches the new fact's needs less evidence (``key_match_contradiction``);
+3. a candidate **passes** when its contradiction clears the threshold and its entities and
+   numbers do not show it to be about something else. A candidate with positive evidence of an
+   update needs less: one the fact repeats with values of the same kinds changed
+   (``value_change_contradiction``), one the fact is dated after (``dated_contradiction``);
 4. the **single most similar** passing candidate is the target. When a second passing candidate
    is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
    and goes to review instead of replacing either. A target that packs several claims of which
    the new fact leaves some standing is a partial contradiction: review, never replace;
 5. **strict means safe**: strict replaces the target only with positive evidence that both
-   speak of one attribute of one subject (a matching attribute key, or subjects that are not
-   disjoint and frames at least ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
+   speak of one attribute of one subject (subjects that are not disjoint and frames at least
+   ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
    without it strict adds (rule ``unproven``). Review queues the target whatever the evidence.
    Everything else is added.
 """
@@ -59,8 +59,9 @@ class Policy:
     """Candidates below this cosine similarity are never considered."""
     contradiction: float = 0.95
     """Contradiction probability a candidate must exceed to count as a conflict."""
-    key_match_contradiction: float = 0.80
-    """Lower bar for a candidate whose inferred attribute key matches the new fact's."""
+    dated_contradiction: float = 0.80
+    """Lower bar for a candidate the fact is dated after (``time_order``, rule
+    ``later_dated``)."""
     top_k: int = 20
     """How many similar memories are recalled per fact."""
     duplicate_similarity: float = 0.90
@@ -68,33 +69,26 @@ class Policy:
     duplicate_max_contradiction: float = 0.50
     """A near-identical candidate above this contradiction is an update, not a duplicate."""
     value_change_similarity: float = 0.85
-    """At or above this similarity, a candidate whose numbers the fact changes (£34 -> £39 a
-    month) counts as the same attribute, like a matching key."""
+    """At or above this similarity, a candidate the fact repeats with values of the same kinds
+    changed (£34 -> £39 a month) passes at ``value_change_contradiction``."""
     value_change_contradiction: float = 0.50
     """The bar for a candidate the fact repeats word for word with values of the same kinds
     changed (:func:`engine.gate.claims.changes_value`, at ``value_change_similarity``): the
-    change itself is the evidence, so the model need only not see compatibility, and the
-    reverse direction is not asked (one changed number reads the same both ways)."""
+    change itself is the evidence, so the model need only not see compatibility."""
     attribute_margin: float = 0.20
     """A candidate that would lose to the target, holding a value of the kind the fact changes
     in the target, with a frame this much nearer the fact's, may be the attribute meant
     (limit $8,000: the card's annual fee $95 or its credit limit $6,500?): review."""
-    key_match_floor: float = 0.40
-    """A candidate whose attribute key matches the new fact's is considered from this similarity."""
     ambiguity_margin: float = 0.05
     """Two passing candidates closer than this in similarity are equally plausible targets.
     0.05 (was the seed's 0.02): over the six tuned-on sets (1,326 cases) 4 fewer wrongful
     overwrites (siblings of one attribute, the outbound and the return leg) for 2 updates
     sent to review instead; 0.10 gave 1 fewer still for 7 more updates lost."""
-    key_ambiguity_margin: float = 0.05
-    """The same, for two candidates that both match the new fact's attribute key (two stored
-    values of one attribute: which one changed cannot be told)."""
     dominance_margin: float = 0.06
     """A passing candidate this much less similar than the best non-conflicting candidate is
     not the fact's subject: the fact is about the more similar memory, which it does not
-    contradict, so nothing is replaced. A matching attribute key does not exempt a candidate:
-    keys are read from words, and a clearly closer memory outweighs them (over dev, heldout,
-    heldout-2 and heldout-3: 3 fewer wrongful overwrites, the same update recall). 0.06 is the
+    contradict, so nothing is replaced (over dev, heldout, heldout-2 and heldout-3: 3 fewer
+    wrongful overwrites, the same update recall). 0.06 is the
     middle of the range (0.02-0.09) that gave the same, best results on both the dev and the
     held-out set (0.12: two more wrongful overwrites on held-out, e.g. a fact about the Ohio
     warehouse replacing the Indiana one)."""
@@ -103,17 +97,8 @@ class Policy:
     pass the strict rules at ``auto_floor`` is replaced, and only the rest is queued."""
     auto_floor: float = 0.60
     """Review mode with ``review_scope="uncertain"``: similarity needed to replace unattended."""
-    normalize: bool = True
-    """Rewrite change/event phrasing into a current-state statement for the NLI check."""
-    verify_reverse: bool = True
-    """Score conflicting candidates the other way round too (new fact = premise); a candidate
-    passes only if both directions clear the bar. Refinements and restatements fail it."""
-    reverse_contradiction: float = 0.90
-    """The reverse direction's bar (``key_match_contradiction`` for a matching key)."""
     lexical: bool = True
     """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
-    keys: bool = True
-    """Infer attribute keys and use them to protect siblings and to recognise updates."""
     claims: bool = True
     """Parse claims with spaCy: a fact restating a memory's canonical values is a duplicate;
     a memory with coordinated predicates the fact addresses only partly goes to review."""
@@ -141,50 +126,26 @@ class Policy:
     judge: bool = True
     """Let the judge fitted for the served models (:mod:`engine.gate.judge`, built by
     ``memgate models judge``) amend the rule: a fact the rule would add is skipped when one of
-    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's skip
-    the judge gives under ``judge_keep`` is stored as new; a rule's replacement whose target the
-    judge gives an update probability under ``judge_veto`` is not made (strict adds,
-    review-uncertain queues); under a review policy, a fact the rule would add whose candidate
-    reaches ``judge_queue`` is queued, and (``review_scope="all"``) a conflict the rule queues
-    whose target the judge gives an update probability under ``judge_dequeue`` is stored as new.
-    It never replaces where the rule did not. Without a judge for the served models the rule
-    decides alone."""
+    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's
+    replacement whose target the judge gives an update probability under ``judge_veto`` is not
+    made (strict adds, review-uncertain queues). It never replaces where the rule did not.
+    Without a judge for the served models the rule decides alone."""
     judge_duplicate: float = 0.80
     """Duplicate probability at or above which the judge skips a fact the rule would add.
     Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
-    judge_keep: float = 0.10
-    """Duplicate probability below which the judge overturns a rule's skip (stores the fact).
-    Belongs to the judge, like ``judge_duplicate``."""
     judge_veto: float = 0.0
     """Update probability (that the fact is the target's replacement) below which the judge
     turns a rule's replacement away. 0 turns the veto off. Belongs to the judge, like
     ``judge_duplicate``: chosen when it was fitted."""
-    judge_queue: float = 1.0
-    """Review policies: update probability at or above which a fact the rule would add is
-    queued for review with that candidate as the target (rule ``judged_update``). 1 turns it
-    off. Belongs to the judge, like ``judge_duplicate``."""
-    judge_dequeue: float = 0.0
-    """Review with ``review_scope="all"``: update probability below which a conflict the rule
-    queues is stored as new instead (rule ``judged_not_update``): the queue's room goes to the
-    likelier updates. 0 turns it off. Belongs to the judge, like ``judge_duplicate``."""
-
     time_order: bool = True
     """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
     attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
     is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
-    update (rule ``later_dated``): the bar is ``key_match_contradiction`` and neither the
-    reverse check nor the judge's veto holds it back. A target the fact is dated *before* is
+    update (rule ``later_dated``): the bar is ``dated_contradiction`` and the judge's veto
+    does not hold it back. A target the fact is dated *before* is
     never replaced: the fact is added to history (rule ``older_than_target``). On by the
     pre-registered adoption rule (docs/experiments/2026-12-05-gate-v3.md): on the 1,100 outside
     cases strict WO 121 -> 56 and net 142 -> 503; on our 5,831, WO 90 -> 91."""
-    old_value: bool = False
-    """Explicit old -> new values ("changed from A to B", "no longer A, now B"): a candidate
-    that holds A (the value the normalised fact names as the old one, read verbatim or by its
-    content words and canonical values) is an update of that memory (rule ``old_value``),
-    unless the subjects are disjoint or apart: the bar is ``value_change_contradiction`` and
-    neither the reverse check nor the judge's veto holds it back. Off: the adoption rule
-    (docs/experiments/2026-12-05-gate-v3.md) did not adopt it, the outside sets having no such
-    change (net +0 there; +22 on ours, which alone adopts nothing)."""
     duplicates: bool = True
     """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
     (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
@@ -220,26 +181,22 @@ class Policy:
             "attribute_similarity",
             "floor",
             "contradiction",
-            "key_match_contradiction",
+            "dated_contradiction",
             "duplicate_similarity",
             "duplicate_max_contradiction",
-            "key_match_floor",
             "auto_floor",
             "value_change_similarity",
             "value_change_contradiction",
             "restate_coverage",
             "attribute_margin",
             "judge_duplicate",
-            "judge_keep",
             "judge_veto",
-            "judge_queue",
-            "judge_dequeue",
         )
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 1], got {value!r}")
-        for name in ("ambiguity_margin", "key_ambiguity_margin", "dominance_margin"):
+        for name in ("ambiguity_margin", "dominance_margin"):
             if not 0.0 <= getattr(self, name) <= 0.5:
                 raise InvalidInput(f"policy {self.name}: {name} must be in [0, 0.5]")
         if not isinstance(self.partial_values, int) or not 0 <= self.partial_values <= 20:
@@ -280,28 +237,23 @@ SEED = Policy(
     name="seed",
     floor=0.60,
     contradiction=0.95,
-    normalize=False,
-    verify_reverse=False,
     lexical=False,
-    keys=False,
     claims=False,
     evidence=False,
     judge=False,
     time_order=False,
-    old_value=False,
     duplicates=False,
     dominance=False,
     ambiguity_margin=0.0,
-    key_ambiguity_margin=0.0,
     partial_values=0,
     model_bars=False,
 )
 """The seed's plain rule, exactly (issue 31, item 5): candidates at or above the floor 0.60,
 and the single most similar one whose contradiction exceeds 0.95 is replaced; everything else
-is added. None of memgate's mechanisms: no attribute keys, overlap, claims, subject/frame
-evidence, reverse check, normalisation, judge, duplicate, dominance or ambiguity test, and the
-bars are not the model table's. For users who want the article's behaviour, and the baseline
-every quality report puts beside strict. Over gRPC: ``PolicyName.SEED``."""
+is added. None of memgate's mechanisms: no overlap, claims, subject/frame evidence, judge,
+time order, duplicate, dominance or ambiguity test, and the bars are not the model table's.
+For users who want the article's behaviour, and the baseline every quality report puts beside
+strict. Over gRPC: ``PolicyName.SEED``."""
 SEED_REVIEW = replace(SEED, name="seed-review", mode="review", floor=0.45, review_scope="all")
 """The seed's review variant: floor 0.45, every conflict the seed rule finds is queued, nothing
 replaced unattended. Over gRPC: ``PolicyName.SEED_REVIEW``."""
@@ -335,12 +287,8 @@ class Evidence:
     """P(memory entails new fact), when the model has an entailment label."""
     reverse_entailment: float | None = None
     """P(new fact entails memory), when measured."""
-    reverse_contradiction: float | None = None
-    """Contradiction with the new fact as premise, when measured (verification)."""
     key: str | None = None
-    key_match: bool = False
-    key_conflict: bool = False
-    conflict_reason: str = ""
+    """The memory's fixed key (``Fact.key``), reported, never weighed."""
     mismatch: str = ""
     """Non-empty when the candidate is shown to be about something else: ``other_subject``, the
     fact says what the memory says, of another subject
@@ -374,17 +322,12 @@ class Evidence:
     """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
     the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
     not both are dated, or not measured."""
-    old_value: bool = False
-    """The fact names the memory's value as its old one ("changed from A to B", memory holds
-    A)."""
 
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``
-        (``later_dated``, ``old_value``), or empty. Never for another subject."""
-        if self.subject in (Subject.DISJOINT, Subject.APART) or self.key_conflict or self.mismatch:
+        (``later_dated``), or empty. Never for another subject."""
+        if self.subject in (Subject.DISJOINT, Subject.APART) or self.mismatch:
             return ""
-        if policy.old_value and self.old_value:
-            return Rule.OLD_VALUE
         if (
             policy.time_order
             and self.dated == "later"
@@ -398,11 +341,11 @@ class Evidence:
     def proven(self, policy: Policy) -> str:
         """Empty when the evidence shows the same attribute of the same subject, else why not.
 
-        A matching attribute key is such evidence; otherwise the subjects must not be disjoint
-        and the frames must be alike."""
+        An update signal is such evidence; otherwise the subjects must not be disjoint and the
+        frames must be alike."""
         if self.subject == Subject.APART:
             return "subject_apart"
-        if self.key_match or self.signal(policy):
+        if self.signal(policy):
             return ""
         if self.beside:
             return "values_beside"
@@ -429,8 +372,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     reasons: dict[str, tuple[bool, str]] = {}
     above = []
     for ev in ranked:
-        floor = min(policy.floor, policy.key_match_floor) if ev.key_match else policy.floor
-        if ev.similarity < floor:
+        if ev.similarity < policy.floor:
             reasons[ev.memory_id] = (False, Reason.BELOW_FLOOR)
         else:
             above.append(ev)
@@ -459,46 +401,29 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if policy.duplicates and _is_duplicate(top, policy):
         reasons[top.memory_id] = (False, Reason.DUPLICATE)
         return out("skip", top.memory_id, Rule.DUPLICATE)
-    container = next((ev for ev in above if ev.contained and not ev.key_conflict), None)
+    container = next((ev for ev in above if ev.contained), None)
     if container is not None:
         reasons[container.memory_id] = (False, Reason.CONTAINS_NEW_FACT)
         return out("skip", container.memory_id, Rule.CONTAINED)
-    restater = next((ev for ev in above if ev.restated and not ev.key_conflict), None)
+    restater = next((ev for ev in above if ev.restated), None)
     if restater is not None:
         reasons[restater.memory_id] = (False, Reason.SAME_VALUES)
         return out("skip", restater.memory_id, Rule.RESTATED)
 
     passing: list[Evidence] = []
-    forward: list[Evidence] = []  # conflicting one way at least: plausible targets all the same
     for ev in above:
-        bar = policy.key_match_contradiction if ev.key_match else policy.contradiction
-        changed = ev.value_change and ev.similarity >= policy.value_change_similarity
-        if changed:
+        bar = policy.contradiction
+        if ev.value_change and ev.similarity >= policy.value_change_similarity:
             bar = min(bar, policy.value_change_contradiction)
         signal = ev.signal(policy)
-        if signal == Rule.OLD_VALUE:
-            bar = min(bar, policy.value_change_contradiction)
-        elif signal == Rule.LATER_DATED:
-            bar = min(bar, policy.key_match_contradiction)
-        if ev.key_conflict:
-            reasons[ev.memory_id] = (False, detailed(Reason.KEY_CONFLICT, ev.conflict_reason))
-        elif ev.mismatch:
+        if signal == Rule.LATER_DATED:
+            bar = min(bar, policy.dated_contradiction)
+        if ev.mismatch:
             reasons[ev.memory_id] = (False, detailed(Reason.MISMATCH, ev.mismatch))
         elif ev.contradiction is None or ev.contradiction <= bar:
             reasons[ev.memory_id] = (False, Reason.LOW_CONTRADICTION)
-        elif (
-            not changed
-            and not signal
-            and policy.verify_reverse
-            and ev.reverse_contradiction is not None
-            and ev.reverse_contradiction <= min(bar, policy.reverse_contradiction)
-        ):
-            reasons[ev.memory_id] = (False, Reason.ONE_WAY_CONTRADICTION)
-            forward.append(ev)
         else:
-            forward.append(ev)
-            why = signal or (Rule.KEY_MATCH if ev.key_match else Rule.CONTRADICTION)
-            reasons[ev.memory_id] = (True, why)
+            reasons[ev.memory_id] = (True, signal or Rule.CONTRADICTION)
             passing.append(ev)
 
     if not passing:
@@ -507,25 +432,11 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     if policy.time_order and best.dated == "earlier":  # history arriving late: kept beside
         reasons[best.memory_id] = (False, Reason.OLDER_THAN_TARGET)
         return out("add", None, Rule.OLDER_THAN_TARGET)
-    for rival in (ev for ev in forward if ev is not best):
-        gap = abs(best.similarity - rival.similarity)
-        margin = (
-            policy.key_ambiguity_margin
-            if best.key_match and rival.key_match
-            else policy.ambiguity_margin
-        )
-        closer = (  # the rival's frame is nearer the fact's: it may be the attribute meant
-            rival.attribute is not None
-            and (best.attribute is None or rival.attribute > best.attribute)
-        )
-        if gap < margin and (best.key_match == rival.key_match or closer):
+    for rival in (ev for ev in passing if ev is not best):
+        if abs(best.similarity - rival.similarity) < policy.ambiguity_margin:
             reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)
             return out("review", best.memory_id, Rule.AMBIGUOUS_TARGET)
-    for rival in (ev for ev in passing if ev is not best and ev.key_match and best.key_match):
-        if rival.changed_kinds & best.changed_kinds & _CONTACT_KINDS:
-            reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)  # two stored addresses of one kind
-            return out("review", best.memory_id, Rule.AMBIGUOUS_ADDRESS)
-    for rival in (ev for ev in above if ev is not best and not ev.key_conflict):
+    for rival in (ev for ev in above if ev is not best):
         if (
             best.changed_kinds & rival.changed_kinds
             and rival.subject not in (Subject.DISJOINT, Subject.APART)
@@ -534,16 +445,15 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         ):  # the fact changes a value of the same kind in a memory whose frame is nearer it
             reasons[rival.memory_id] = (True, Reason.NEARER_ATTRIBUTE)
             return out("review", best.memory_id, Rule.ATTRIBUTE_RIVAL)
-    closest = next((ev for ev in above if not ev.key_conflict), None)
+    closest = above[0]
     if (
         policy.dominance
-        and closest is not None
         and closest is not best
         and closest.similarity - best.similarity >= policy.dominance_margin
     ):
         reasons[best.memory_id] = (False, detailed(Reason.DOMINATED_BY, closest.memory_id))
         return out("add", None, Rule.DOMINATED)
-    rule = best.signal(policy) or (Rule.KEY_MATCH if best.key_match else Rule.CONTRADICTION)
+    rule = best.signal(policy) or Rule.CONTRADICTION
     if best.partial:
         return out("review", best.memory_id, partial_rule(rule))
     unproven = best.proven(policy) if policy.evidence else ""
@@ -551,7 +461,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         if policy.review_subject and unproven in _OTHER_SUBJECT:
             reasons[best.memory_id] = (False, detailed(Reason.UNPROVEN, unproven))
             return out("add", None, Rule.UNPROVEN)
-        confident = best.key_match or best.similarity >= policy.auto_floor
+        confident = best.similarity >= policy.auto_floor
         if policy.review_scope == "uncertain" and confident and not unproven:
             return out("replace", best.memory_id, confident_rule(rule))
         return out("review", best.memory_id, rule)
@@ -561,21 +471,16 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     return out("replace", best.memory_id, rule)
 
 
-UPDATE_SIGNALS = frozenset({Rule.LATER_DATED, Rule.OLD_VALUE})
+UPDATE_SIGNALS = frozenset({Rule.LATER_DATED})
 """Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
 judge neither vetoes nor dequeues them."""
 
 _OTHER_SUBJECT = frozenset({"subject_disjoint", "subject_apart"})
 """What :meth:`Evidence.proven` says of a candidate about another subject."""
 
-_CONTACT_KINDS = frozenset({"email", "tel", "url"})
-"""Value kinds a person or account often holds several of at once (two e-mail addresses, a
-home and a mobile number): when two candidates of the fact's attribute each hold one and the
-fact names a new one, which of them it replaces cannot be told."""
-
 
 def _is_duplicate(ev: Evidence, policy: Policy) -> bool:
-    if ev.similarity < policy.duplicate_similarity or ev.key_conflict or ev.mismatch:
+    if ev.similarity < policy.duplicate_similarity or ev.mismatch:
         return False
     if ev.new_values:  # another amount, date or id: an update or a sibling, whatever the wording
         return False

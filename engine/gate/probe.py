@@ -1,11 +1,10 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
-``plan`` sets what to check and how (normalised text, extra recall queries); ``embed`` the
-vectors; ``recall`` the hits (stored neighbours and earlier facts of the batch); ``relate`` each
-hit's attribute relation and which hits the model must score; ``identify`` the subject
-relation and frame similarity of those hits; ``score`` the model's
-probabilities; ``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`;
-``decide`` sets the decision.
+``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
+earlier facts of the batch); ``relate`` which hits the model must score; ``identify`` the
+subject relation and frame similarity of those hits; ``score`` the model's probabilities;
+``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`; ``decide``
+sets the decision.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.gate.keys import AttributeKey, Relation
-from engine.gate.normalize import Normalized
 from engine.types import Decision, Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
@@ -29,12 +26,8 @@ class Ref:
     memory_id: str
     text: str
     key: str | None
-    inferred_key: str | None
+    """The caller's fixed key (``Fact.key``), if any."""
     rowid: int | None = None
-
-    @property
-    def in_batch(self) -> bool:
-        return self.memory_id.startswith("@")
 
 
 @dataclass(slots=True)
@@ -45,19 +38,16 @@ class Hit:
     similarity: float
     rank: int = 0
     """Position among the fact's candidates, most similar first."""
-    relation: Relation | None = None
-    """Attribute relation (``relate``); None below the lowest floor or with keys off."""
     forward: bool = False
     """``relate``: the model scores (memory -> fact)."""
     reverse: bool = False
-    """``relate`` / ``score``: the model scores (fact -> memory) too."""
+    """``relate``: the model scores (fact -> memory) too (the duplicate test)."""
     subject: str = ""
     """``identify``: ``shared``, ``disjoint`` or ``unknown`` subjects; empty when not read."""
     attribute: float | None = None
     """``identify``: the embedder's similarity of the two frames (subject and values out)."""
     contradiction: float | None = None
     entailment: float | None = None
-    reverse_contradiction: float | None = None
     reverse_entailment: float | None = None
 
 
@@ -69,28 +59,6 @@ class Probe:
     fact: Fact
     checked: bool
     """A free-text, non-episodic fact without an explicit key: compared against memories."""
-    norm: Normalized | None = None
-    """The normalised (current-state) form, when normalisation is on."""
-    queries: list[str] = field(default_factory=list)
-    """Extra recall texts: the current-state rewrite of an event, the old state it ends."""
-    key: AttributeKey | None = None
-    """The attribute key inferred from the text (None for episodic facts)."""
     vector: np.ndarray | None = None
-    extra: list[np.ndarray] = field(default_factory=list)
-    """Vectors of ``queries``, in order."""
     hits: list[Hit] = field(default_factory=list)
     decision: Decision | None = None
-
-    @property
-    def nli_text(self) -> str:
-        """The fact as the NLI hypothesis: its normalised form when there is one."""
-        return self.norm.hypothesis if self.norm is not None else self.fact.text
-
-    @property
-    def hypothesis(self) -> str | None:
-        """The rewrite reported with the decision, when normalisation changed the fact."""
-        return self.norm.hypothesis if self.norm is not None and self.norm.rule else None
-
-    @property
-    def key_text(self) -> str | None:
-        return None if self.key is None else str(self.key)

@@ -1,10 +1,9 @@
 """Step 3, ``recall``: each checked fact's candidates.
 
-Stored neighbours come from one grouped index search per namespace (a rewritten fact searches
-with each of its vectors and keeps a memory's best score). Earlier facts of the same batch and
-namespace are candidates too, so a later fact sees what an earlier one wrote; they are appended
-after the stored ones and never crowd them out (the list keeps ``top_k`` plus one slot per
-earlier fact).
+Stored neighbours come from one grouped index search per namespace. Earlier facts of the same
+batch and namespace are candidates too, so a later fact sees what an earlier one wrote; they are
+appended after the stored ones and never crowd them out (the list keeps ``top_k`` plus one slot
+per earlier fact).
 """
 
 from __future__ import annotations
@@ -27,13 +26,12 @@ def recall(probes: Sequence[Probe], store: Store, index: Index, k: int) -> None:
             continue
         assert probe.vector is not None
         pool = list(stored.get(probe.index, []))
-        queries = [probe.vector, *probe.extra]
         for earlier in probes[: probe.index]:
             if earlier.fact.namespace != probe.fact.namespace or not earlier.checked:
                 continue
             assert earlier.vector is not None
-            ref = Ref(f"@{earlier.index}", earlier.fact.text, earlier.fact.key, earlier.key_text)
-            pool.append((ref, max(float(q @ earlier.vector) for q in queries)))
+            ref = Ref(f"@{earlier.index}", earlier.fact.text, earlier.fact.key)
+            pool.append((ref, float(probe.vector @ earlier.vector)))
         pool.sort(key=lambda rs: -rs[1])
         probe.hits = [
             Hit(ref, sim, rank) for rank, (ref, sim) in enumerate(pool[: k + probe.index])
@@ -47,8 +45,7 @@ def _stored(
     for probe in probes:
         if probe.checked:
             assert probe.vector is not None
-            for q in (probe.vector, *probe.extra):
-                by_ns[probe.fact.namespace].append((probe.index, q))
+            by_ns[probe.fact.namespace].append((probe.index, probe.vector))
     out: dict[int, list[tuple[Ref, float]]] = {}
     for ns, queries in by_ns.items():
         scores, rowids = index.search(ns, np.stack([q for _, q in queries]), k)
@@ -62,7 +59,7 @@ def _stored(
         for i, hits in best.items():
             ranked = sorted(hits.items(), key=lambda rs: -rs[1])[:k]
             out[i] = [
-                (Ref(ref.id, ref.text, ref.key, ref.inferred_key, r), s)
+                (Ref(ref.id, ref.text, ref.key, r), s)
                 for r, s in ranked
                 if (ref := refs.get(r)) is not None and ref.kind != "episodic"
             ]

@@ -1,38 +1,24 @@
-"""Step 4, ``relate``: how each candidate relates to the fact's attribute, and what to score.
+"""Step 4, ``relate``: which candidates the model must score.
 
-A candidate at or above the lowest floor gets an attribute :class:`~engine.gate.keys.Relation`
-(same attribute, sibling, or unknown). A sibling is never replaced, so the model is not asked
-about it; any other candidate above the floor (or with a matching attribute above the key-match
-floor) is scored memory -> fact. The most similar candidate, when it is nearly identical, is
-also scored fact -> memory, where the model has an entailment label: a duplicate must entail
-both ways.
+Every candidate at or above the floor is scored memory -> fact. The most similar candidate, when
+it is nearly identical, is also scored fact -> memory, where the model has an entailment label:
+a duplicate must entail both ways.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from engine.gate import keys as keymod
-from engine.gate import overlap
-from engine.gate.normalize import Normalized
 from engine.gate.policy import Policy
-from engine.gate.probe import Hit, Probe
+from engine.gate.probe import Probe
 
 __all__ = ["relate"]
 
 
 def relate(probes: Sequence[Probe], policy: Policy, *, has_entailment: bool) -> None:
-    low = min(policy.floor, policy.key_match_floor)
     for probe in probes:
         for hit in probe.hits:
-            if hit.similarity < low:
-                continue
-            hit.relation = _relation(probe, hit, policy) if policy.keys else None
-            rel = hit.relation
-            if rel is not None and rel.key_conflict:
-                continue
-            if hit.similarity < policy.floor and not (rel is not None and rel.key_match):
+            if hit.similarity < policy.floor:
                 continue
             hit.forward = True
             hit.reverse = (  # for the duplicate test only: both ways must entail
@@ -41,30 +27,3 @@ def relate(probes: Sequence[Probe], policy: Policy, *, has_entailment: bool) -> 
                 and hit.similarity >= policy.duplicate_similarity
                 and has_entailment
             )
-
-
-def _relation(probe: Probe, hit: Hit, policy: Policy) -> keymod.Relation:
-    fact, ref = probe.fact, hit.ref
-    rel = keymod.compare_keys(fact.text, ref.text, fact.key, ref.key)
-    if rel.key_match or rel.key_conflict:
-        return rel
-    rel = _old_value_match(probe.norm, ref.text) or rel
-    if (
-        not rel.key_match
-        and hit.similarity >= policy.value_change_similarity
-        and policy.lexical
-        and overlap.value_change(ref.text, fact.text)
-    ):
-        return keymod.Relation(key_match=True, key_conflict=False, reason="value_change")
-    return rel
-
-
-def _old_value_match(norm: Normalized | None, memory: str) -> keymod.Relation | None:
-    """A change event names its old value ("from 23.8 to 24.3") and the memory holds it."""
-    old = None if norm is None else norm.old_value
-    if not old or len(old) < 2:
-        return None
-    pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
-    if re.search(pattern, memory, flags=re.IGNORECASE):
-        return keymod.Relation(key_match=True, key_conflict=False, reason="old_value")
-    return None

@@ -1,8 +1,7 @@
-"""Step 5, ``score``: one NLI call over every pair ``relate`` asked for, then verification.
+"""Step 5, ``score``: one NLI call over every pair ``relate`` asked for.
 
-Forward pairs are (memory, fact's normalised text); reverse pairs are (fact, memory). A candidate
-that conflicts forward is scored the other way round as well: a real update contradicts both
-ways; a refinement or restatement ("studying law" <- "second year of law at Leiden") does not.
+Forward pairs are (memory, fact); reverse pairs are (fact, memory), asked for
+the nearly identical closest candidate only, whose duplicate test needs entailment both ways.
 """
 
 from __future__ import annotations
@@ -11,14 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.gate.policy import Policy
 from engine.gate.ports import NLI
 from engine.gate.probe import Hit, Probe
 
 __all__ = ["score"]
 
 
-def score(probes: Sequence[Probe], nli: NLI, policy: Policy) -> int:
+def score(probes: Sequence[Probe], nli: NLI) -> int:
     """Fill every asked-for hit's probabilities; returns the number of pairs scored."""
     ci, ei = nli.contradiction_index, nli.entailment_index
     pairs: list[tuple[str, str]] = []
@@ -26,31 +24,13 @@ def score(probes: Sequence[Probe], nli: NLI, policy: Policy) -> int:
     for probe in probes:
         for hit in probe.hits:
             if hit.forward:
-                pairs.append((hit.ref.text, probe.nli_text))
+                pairs.append((hit.ref.text, probe.fact.text))
                 slots.append((hit, False))
             if hit.reverse:
                 pairs.append((probe.fact.text, hit.ref.text))
                 slots.append((hit, True))
     _fill(slots, _run(nli, pairs), ci, ei)
-    total = len(pairs)
-    if policy.verify_reverse:
-        bar = min(policy.contradiction, policy.key_match_contradiction)
-        more: list[tuple[str, str]] = []
-        verify: list[tuple[Hit, bool]] = []
-        for probe in probes:
-            for hit in probe.hits:
-                if (
-                    hit.forward
-                    and not hit.reverse
-                    and hit.contradiction is not None
-                    and hit.contradiction > bar
-                ):
-                    hit.reverse = True
-                    more.append((probe.fact.text, hit.ref.text))
-                    verify.append((hit, True))
-        _fill(verify, _run(nli, more), ci, ei)
-        total += len(more)
-    return total
+    return len(pairs)
 
 
 def _run(nli: NLI, pairs: list[tuple[str, str]]) -> np.ndarray:
@@ -59,9 +39,8 @@ def _run(nli: NLI, pairs: list[tuple[str, str]]) -> np.ndarray:
 
 def _fill(slots: list[tuple[Hit, bool]], probs: np.ndarray, ci: int, ei: int | None) -> None:
     for (hit, reverse), row in zip(slots, probs, strict=True):
-        c = float(row[ci])
         e = None if ei is None else float(row[ei])
         if reverse:
-            hit.reverse_contradiction, hit.reverse_entailment = c, e
+            hit.reverse_entailment = e
         else:
-            hit.contradiction, hit.entailment = c, e
+            hit.contradiction, hit.entailment = float(row[ci]), e

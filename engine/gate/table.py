@@ -7,8 +7,8 @@ The order is the code's: a replayed idempotency key answers before anything is d
 then keyed facts, past every model; a free-text fact goes through
 :func:`engine.gate.policy.apply_rule`, whose tests run top to bottom and stop at the first that
 applies, and last through the judge's amendment (:meth:`engine.gate.judge.Judge.amend`). The
-rows of the four rules a target passes under (``old_value``, ``later_dated``, ``key_match``,
-``contradiction``) come in the order :meth:`engine.gate.policy.Evidence.signal` names them.
+rows of the two rules a target passes under (``later_dated``, ``contradiction``) come in the
+order :meth:`engine.gate.policy.Evidence.signal` names them.
 
 Each row stands alone (no row refers to another), so deleting a retired rule deletes one row;
 ``tests/unit/test_decision_table.py`` checks that every rule has exactly one. The README's
@@ -210,18 +210,6 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
-        Rule.AMBIGUOUS_ADDRESS,
-        "two passing memories of the fact's attribute key each hold a contact value of its kind",
-        "review",
-        "review",
-        Example(
-            _m("Alice's email is alice@old.com.", "Alice's email is alice@work.com."),
-            Entry("Alice's email is alice@new.com."),
-            "review",
-            target=0,
-        ),
-    ),
-    Row(
         Rule.ATTRIBUTE_RIVAL,
         "a memory whose frame is nearer the fact holds a value of the kind it changes",
         "review",
@@ -268,19 +256,6 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
-        Rule.OLD_VALUE,
-        "the fact names the target's value as its old one, 'changed from A to B' (off by default)",
-        "replace",
-        "review",
-        Example(
-            _m("The project status is Improved."),
-            Entry("The project status changed from Improved to Excellent."),
-            "replace",
-            target=0,
-            overrides={"old_value": True},
-        ),
-    ),
-    Row(
         Rule.LATER_DATED,
         "the fact is dated after its target, same subject and attribute",
         "replace",
@@ -288,18 +263,6 @@ ROWS: tuple[Row, ...] = (
         Example(
             _m("As of 2019, Marc plays for Groupama-FDJ."),
             Entry("As of 2023, Marc plays for Team Jumbo."),
-            "replace",
-            target=0,
-        ),
-    ),
-    Row(
-        Rule.KEY_MATCH,
-        "the target's inferred attribute key matches the fact's (a lower contradiction bar)",
-        "replace",
-        "review",
-        Example(
-            _m("Alice lives in Denver."),
-            Entry("Alice lives in Chicago."),
             "replace",
             target=0,
         ),
@@ -318,9 +281,9 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         Rule.JUDGED_NOT_UPDATE,
-        "the judge doubts the target is being replaced (veto; review: dequeue)",
+        "the judge doubts the target is being replaced (veto)",
         "add",
-        "add",
+        "-",
         Example(
             _m("The gym membership costs $40 a month."),
             Entry("The gym locker costs $5 a month."),
@@ -337,30 +300,6 @@ ROWS: tuple[Row, ...] = (
             Entry("The user likes tea more than coffee."),
             "skip",
             target=0,
-        ),
-    ),
-    Row(
-        Rule.JUDGED_UPDATE,
-        "the rule adds, the judge calls a candidate the fact's predecessor",
-        "-",
-        "review",
-        Example(
-            _m("As of 2022, Maria lives in Tokyo."),
-            Entry("As of 2011, Maria lives in Chicago."),
-            "review",
-            policy="review",
-            target=0,
-        ),
-    ),
-    Row(
-        Rule.JUDGED_NEW,
-        "the rule skips, the judge says the fact adds something",
-        "add",
-        "add",
-        Example(
-            _m("The user speaks French."),
-            Entry("The user speaks French fluently."),
-            "add",
         ),
     ),
 )

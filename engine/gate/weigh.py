@@ -5,18 +5,16 @@ packs several claims and the fact leaves some standing; the fact restates, chang
 the memory's canonical values; the fact says what the memory says, of another subject; the
 two name two things of one kind, "Hive 2" and "Hive 4"),
 computed only where they can matter: for the hits ``relate`` sends to the model
-(``hit.forward``), which are exactly the candidates the rule weighs (above their floor, not a
-sibling).
+(``hit.forward``), which are exactly the candidates the rule weighs (above the floor).
 """
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
 from engine.gate import claims, overlap
 from engine.gate.claims import when
-from engine.gate.claims.compare import beyond_time, holds_value
+from engine.gate.claims.compare import beyond_time
 from engine.gate.policy import Evidence, Policy
 from engine.gate.probe import Hit, Probe
 
@@ -58,38 +56,22 @@ def _dated(memory: str, fact: str) -> str:
     return got if got and beyond_time(claims.claim(memory), claims.claim(fact)) else ""
 
 
-def _holds_old(memory: str, old: str | None) -> bool:
-    """The memory holds the old value the fact's change names ("from A to B": A)."""
-    if not old or len(old.strip()) < 2:
-        return False
-    pattern = r"(?<![\w.])" + re.escape(old.strip()) + r"(?![\w]|\.\d)"
-    if re.search(pattern, memory, flags=re.IGNORECASE):
-        return True
-    return holds_value(claims.claim(memory), claims.claim(old))
-
-
 def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     """``memory_id`` is the hit's id as the decision reports it (an in-batch ref resolved)."""
-    ref, rel, fact = hit.ref, hit.relation, probe.fact
+    ref, fact = hit.ref, probe.fact
     near = policy.lexical and hit.forward
     got = _compare(ref.text, fact.text, policy) if near and policy.claims else _Claims()
     parsed = hit.forward and policy.claims  # the signals read the parse (identify's too)
     dated = _dated(ref.text, fact.text) if parsed and policy.time_order else ""
-    old = probe.norm.old_value if probe.norm is not None else None
-    held = parsed and policy.old_value and _holds_old(ref.text, old)
     return Evidence(
         memory_id=memory_id,
         text=ref.text,
         similarity=hit.similarity,
         contradiction=hit.contradiction,
         entailment=hit.entailment,
-        reverse_contradiction=hit.reverse_contradiction,
         reverse_entailment=hit.reverse_entailment,
-        key=ref.key or ref.inferred_key,
-        key_match=bool(rel and rel.key_match),
-        key_conflict=bool(rel and rel.key_conflict),
+        key=ref.key,
         mismatch="other_subject" if got.another else "other_instance" if got.apart else "",
-        conflict_reason=rel.reason if rel else "",
         contained=near and not got.new_values and overlap.contains(ref.text, fact.text),
         partial=near and (overlap.claims(ref.text, fact.text).partial or got.partial),
         subject=hit.subject,
@@ -100,5 +82,4 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         restated=got.restated,
         beside=got.beside,
         dated=dated,
-        old_value=held,
     )

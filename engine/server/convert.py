@@ -88,20 +88,16 @@ _V = TypeVar("_V")
 _FLOAT_OVERRIDES = (
     "floor",
     "contradiction",
-    "key_match_contradiction",
+    "dated_contradiction",
     "duplicate_similarity",
     "duplicate_max_contradiction",
     "ambiguity_margin",
-    "key_match_floor",
-    "key_ambiguity_margin",
     "dominance_margin",
     "auto_floor",
 )
 _TTL_OVERRIDES = ("episodic_ttl_s", "semantic_ttl_s", "procedural_ttl_s")
 _OTHER_OVERRIDES: dict[str, Callable[[Any], Any]] = {
     "top_k": int,
-    "normalize": bool,
-    "keys": bool,
     "review_scope": str,
 }
 TIMING_PHASES = ("tokenize", "queue", "embed", "search", "nli", "store", "total")

@@ -77,33 +77,26 @@ __all__ = [
 SAFER: dict[str, int] = {
     "floor": 1,
     "contradiction": 1,
-    "key_match_contradiction": 1,
-    "reverse_contradiction": 1,
-    "key_match_floor": 1,
+    "dated_contradiction": 1,
     "auto_floor": 1,
     "value_change_similarity": 1,
     "duplicate_similarity": 1,
     "ambiguity_margin": 1,
-    "key_ambiguity_margin": 1,
     "dominance_margin": -1,
     "partial_values": -1,
     "judge_veto": 1,
-    "judge_queue": 1,
-    "judge_dequeue": -1,
 }
 """+1: a higher value replaces less (safer); -1: a lower one does (a smaller dominance margin
 lets a more similar, non-conflicting memory veto the replacement more often; fewer values left
 standing send more multi-value memories to review). A higher ``judge_veto`` holds more
-replacements back; a higher ``judge_queue`` asks a reviewer for less, and so does a higher
-``judge_dequeue`` (it lets more of the rule's conflicts through unseen). Fields not listed
-count higher as safer."""
+replacements back. Fields not listed count higher as safer."""
 
 _NOT_SWEPT = {"name", "mode"}
-DEFAULT_FIELDS = ("floor", "contradiction", "key_match_contradiction")
-JUDGE_FIELDS = ("judge_veto", "judge_queue")
+DEFAULT_FIELDS = ("floor", "contradiction", "dated_contradiction")
+JUDGE_FIELDS = ("judge_veto",)
 """The judge's bars the default grid sweeps when the served models have a judge with update
-trees (:func:`judge_grid`): the veto where the policy replaces, the queue where it reviews.
-Its duplicate bars are not swept: no objective here weighs duplicates."""
+trees (:func:`judge_grid`): the veto, where the policy replaces. Its duplicate bar is not
+swept: no objective here weighs duplicates."""
 DEFAULT_MAX_NEEDLESS = 0.10
 """The share of adds and skips a review setting may queue (``--max-needless``): issue 12's
 bound on a reviewer's wasted work."""
@@ -182,22 +175,19 @@ def default_grid(base: Policy) -> dict[str, list[float]]:
     return {
         "floor": sorted(f for f in floors if 0.0 <= f <= 1.0),
         "contradiction": sorted({0.85, 0.90, 0.95, 0.98, base.contradiction}),
-        "key_match_contradiction": sorted({0.70, 0.80, 0.90, base.key_match_contradiction}),
+        "dated_contradiction": sorted({0.70, 0.80, 0.90, base.dated_contradiction}),
     }
 
 
 def judge_grid(base: Policy, judge: Any) -> dict[str, list[float]]:
     """The served judge's bars over their useful range, each holding the base's own value (its
-    fitted bar): ``judge_veto`` when ``base`` can replace (strict, review-uncertain),
-    ``judge_queue`` when it reviews. Empty without a judge with update trees, or with
-    ``base.judge`` off: then those bars change nothing."""
+    fitted bar): ``judge_veto`` when ``base`` can replace (strict, review-uncertain). Empty
+    without a judge with update trees, or with ``base.judge`` off: then it changes nothing."""
     if judge is None or getattr(judge, "updates", None) is None or not base.judge:
         return {}
     out: dict[str, list[float]] = {}
     if base.mode == "replace" or base.review_scope == "uncertain":
         out["judge_veto"] = sorted({0.0, 0.3, 0.6, base.judge_veto})
-    if base.mode == "review":
-        out["judge_queue"] = sorted({0.6, 0.8, 1.0, base.judge_queue})
     return out
 
 
@@ -661,9 +651,9 @@ def add_arguments(p: Any) -> None:
         metavar="NAME=VALUES",
         help="a numeric policy field and its values, a,b,c or start:stop:step (repeatable); "
         "replaces that field's default values (default grid: floor base-0.1..base+0.1 by "
-        "0.05, contradiction 0.85,0.9,0.95,0.98, key_match_contradiction 0.7,0.8,0.9; with a "
-        "judge for the served models also judge_veto 0,0.3,0.6 where the policy replaces and "
-        "judge_queue 0.6,0.8,1 where it reviews, each with the judge's own bar)",
+        "0.05, contradiction 0.85,0.9,0.95,0.98, dated_contradiction 0.7,0.8,0.9; with a "
+        "judge for the served models also judge_veto 0,0.3,0.6 where the policy replaces, "
+        "with the judge's own bar)",
     )
     p.add_argument(
         "--only-grid",
@@ -893,10 +883,7 @@ def _judge_note(
         )
     return {
         "seal": judge.seal,
-        "bars": {
-            n: getattr(base, n)
-            for n in ("judge_duplicate", "judge_keep", *JUDGE_FIELDS, "judge_dequeue")
-        },
+        "bars": {n: getattr(base, n) for n in ("judge_duplicate", *JUDGE_FIELDS)},
         "fitted_on_these_cases": bool(fitted_on),
     }
 

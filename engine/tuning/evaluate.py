@@ -138,9 +138,8 @@ def reach(
         seen,
         floor=policy.floor,
         contradiction=policy.contradiction,
-        lowest_floor=policy.key_match_floor if policy.keys else None,
         lowest_bar=min(
-            policy.key_match_contradiction if policy.keys else 1.0,
+            policy.dated_contradiction if policy.time_order and policy.claims else 1.0,
             policy.value_change_contradiction if policy.lexical and policy.claims else 1.0,
         ),
     )

@@ -13,18 +13,16 @@
    five folds of cases), for each label. The out-of-fold probabilities are the judge's figures
    on wording it was not fitted on.
 4. **Bars.** Strict's rule verdicts are replayed over the same evidence (the rule is pure) and
-   amended with the out-of-fold probabilities. The duplicate bars: of the pairs of the grid
-   that skip no more new facts and updates than the rule alone (lost information), the one with
-   the most correct decisions. The veto bar, with those: the one with the most correct
+   amended with the out-of-fold probabilities. The duplicate bar: of the grid's bars that
+   skip no more new facts and updates than the rule alone (lost information), the one with
+   the most correct decisions. The veto bar, with it: the one with the most correct
    decisions less ``OVERWRITE_COST`` for each wrongful overwrite (a wrongful overwrite is worse
-   than a missed update). See :func:`choose_bars`. The queue and dequeue bars (the seed's
-   review): review's rule verdicts amended the same way, the pair with the most true updates
-   queued with the right target among those that queue at most ``QUEUE_BUDGET`` of the adds and
-   skips (:func:`choose_queue`). The figures of the rule alone and
-   with the judge at those bars are the cross-validated estimate, recorded in the judge file and
-   printed. (The bars are chosen on the same out-of-fold probabilities they are scored with:
-   three numbers, a small optimism; ``benchmarks/cv_judge.py`` chooses them without the set it
-   scores.)
+   than a missed update). See :func:`choose_bars`. Review's measures (updates queued with the
+   right target, adds and skips queued) by the rule alone and with the duplicate bar are
+   recorded beside them. The figures of the rule alone and with the judge at those bars are
+   the cross-validated estimate, recorded in the judge file and printed. (The bars are chosen
+   on the same out-of-fold probabilities they are scored with: two numbers, a small optimism;
+   ``benchmarks/cv_judge.py`` chooses them without the set it scores.)
 5. **Fit** both models on every case and write the sealed judge file for these models
    (:mod:`engine.gate.judge.store`).
 
@@ -63,12 +61,10 @@ from engine.tuning.scoring import review_measures, score
 __all__ = [
     "BAR_GRID",
     "OVERWRITE_COST",
-    "QUEUE_BUDGET",
     "Captured",
     "Fitted",
     "capture",
     "choose_bars",
-    "choose_queue",
     "command",
     "default_sets",
     "figures",
@@ -88,15 +84,8 @@ HELD_OUT = tuple(f"heldout{n}" for n in range(17, 25))
 
 BAR_GRID: dict[str, tuple[float, ...]] = {
     "duplicate_bar": tuple(round(0.3 + 0.05 * i, 2) for i in range(14)),
-    "keep_bar": (0.0, 0.05, 0.10, 0.20, 0.30, 0.40, 0.50, 0.60),
     "veto_bar": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
-    "queue_bar": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-    "dequeue_bar": (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3),
 }
-QUEUE_BUDGET = 0.10
-"""The share of adds and skips a review policy may queue needlessly when the queue bar is
-chosen (issue 12's bound on a reviewer's wasted work): the bar queues as many true updates as
-it can within it."""
 OVERWRITE_COST = 3
 """What one wrongful overwrite costs, in correct decisions, when the veto bar is chosen: the
 bar maximises correct decisions less this many for each wrongful overwrite. A missed update
@@ -279,26 +268,25 @@ def choose_bars(
     updates: Sequence[dict[str, float]] | None = None,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """The bars of :data:`BAR_GRID` for ``policy``'s rule amended with ``judged`` (duplicate)
-    and ``updates`` (update) probabilities over ``items``. Duplicate and keep bars: the most
-    correct decisions among the pairs that lose no more information than the rule alone
-    (facts skipped that were new or updates: a stored duplicate can be noticed and removed, a
-    skipped fact is gone); ties to less lost information, then fewer changes. Then the veto
+    and ``updates`` (update) probabilities over ``items``. Duplicate bar: the most correct
+    decisions among the bars that lose no more information than the rule alone (facts skipped
+    that were new or updates: a stored duplicate can be noticed and removed, a skipped fact is
+    gone); ties to less lost information, then fewer changes. Then the veto
     bar (0 without ``updates``): the most correct decisions less :data:`OVERWRITE_COST` per
     wrongful overwrite; ties to the lower bar. Returns the bars and their figures."""
     base = rule_verdicts(items, policy)
     alone = figures(items, replay(items, policy, None, verdicts=base))
     best: tuple[tuple[float, ...], dict[str, float], dict[str, Any]] | None = None
     for dup in BAR_GRID["duplicate_bar"]:
-        for keep in (k for k in BAR_GRID["keep_bar"] if k < dup):
-            pol = replace(policy, judge_duplicate=dup, judge_keep=keep)
-            m = figures(items, replay(items, pol, judged, verdicts=base))
-            if m["lost_information"] > alone["lost_information"]:
-                continue
-            key = (_correct(m), -m["lost_information"], dup, -keep)
-            if best is None or key > best[0]:
-                best = (key, {"duplicate_bar": dup, "keep_bar": keep, "veto_bar": 0.0}, m)
+        pol = replace(policy, judge_duplicate=dup)
+        m = figures(items, replay(items, pol, judged, verdicts=base))
+        if m["lost_information"] > alone["lost_information"]:
+            continue
+        key = (_correct(m), -m["lost_information"], dup)
+        if best is None or key > best[0]:
+            best = (key, {"duplicate_bar": dup, "veto_bar": 0.0}, m)
     if best is None:  # every bar loses more than the rule: the judge only reports
-        bars, chosen = {"duplicate_bar": 1.0, "keep_bar": 0.0, "veto_bar": 0.0}, alone
+        bars, chosen = {"duplicate_bar": 1.0, "veto_bar": 0.0}, alone
     else:
         bars, chosen = best[1], best[2]
     if updates is None:
@@ -314,21 +302,15 @@ def choose_bars(
     return {**bars, "veto_bar": top[1]}, top[2]
 
 
-def choose_queue(
+def review_figures(
     items: Sequence[Captured],
     review: Policy,
     judged: Sequence[dict[str, float]],
-    updates: Sequence[dict[str, float]],
     bars: dict[str, float],
-) -> tuple[dict[str, float], dict[str, Any], dict[str, Any]]:
-    """The queue and dequeue bars of :data:`BAR_GRID` for ``review`` (the seed's review, with
-    the duplicate ``bars``), chosen together: the most true updates queued with the right target
-    among the pairs that queue no more of the adds and skips than :data:`QUEUE_BUDGET` (or than
-    the rule alone, when it already queues more); ties to the higher queue bar (fewer queued),
-    then the lower dequeue bar (fewer of the rule's conflicts taken from the reviewer). Letting
-    doubtful conflicts go (dequeue) frees room in the budget for the likelier updates the rule
-    missed (queue). Returns ``{"queue_bar", "dequeue_bar"}``, and review's measures by the rule
-    alone and with the judge at those bars."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Review's measures over ``items`` by the rule alone and with the judge's duplicate bar
+    (``bars``): updates queued with the right target, adds and skips queued. Recorded beside
+    strict's figures; no bar is chosen on them."""
     cases = [it.case for it in items]
 
     def measures(preds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -336,20 +318,8 @@ def choose_queue(
 
     base = rule_verdicts(items, review)
     alone = measures(replay(items, review, None, verdicts=base))
-    budget = max(QUEUE_BUDGET, alone["adds_skips_queued"] or 0.0)
-    pol = with_bars(review, {k: bars[k] for k in ("duplicate_bar", "keep_bar")})
-    best: tuple[tuple[float, float, float], dict[str, float], dict[str, Any]] | None = None
-    for queue in BAR_GRID["queue_bar"]:
-        for dequeue in BAR_GRID["dequeue_bar"]:
-            bar = replace(pol, judge_queue=queue, judge_dequeue=dequeue)
-            m = measures(replay(items, bar, judged, updates, base))
-            if (queue < 1.0 or dequeue > 0.0) and (m["adds_skips_queued"] or 0.0) > budget:
-                continue
-            key = (m["updates_queued_right_target"] or 0.0, queue, -dequeue)
-            if best is None or key > best[0]:
-                best = (key, {"queue_bar": queue, "dequeue_bar": dequeue}, m)
-    assert best is not None  # the bars of 1 and 0 (the rule's own queue) are always there
-    return best[1], alone, best[2]
+    pol = with_bars(review, {"duplicate_bar": bars["duplicate_bar"]})
+    return alone, measures(replay(items, pol, judged, verdicts=base))
 
 
 @dataclass(frozen=True)
@@ -386,9 +356,7 @@ def fit_judge(
     updates = out_of_fold(items, rows, settings, log, "update") if yu.any() else None
     bars, with_judge = choose_bars(items, strict, judged, updates)
     alone = figures(items, replay(items, strict, None))
-    queued, review_alone, review_judged = {"queue_bar": 1.0, "dequeue_bar": 0.0}, None, None
-    if updates is not None:
-        queued, review_alone, review_judged = choose_queue(items, review, judged, updates, bars)
+    review_alone, review_judged = review_figures(items, review, judged, bars)
     trees = fit(x, y, settings)
     update_trees = fit(x, yu, settings) if updates is not None else None
     provenance = {
@@ -399,7 +367,6 @@ def fit_judge(
         "duplicates": int(y.sum()),
         "updates": int(yu.sum()),
         "overwrite_cost": OVERWRITE_COST,
-        "queue_budget": QUEUE_BUDGET,
         "floor": floor,
         "settings": settings.__dict__,
         "cpu": cpu()[0],
@@ -416,13 +383,10 @@ def fit_judge(
     judge = Judge(
         trees,
         bars["duplicate_bar"],
-        bars["keep_bar"],
         models,
         provenance,
         updates=update_trees,
         veto_bar=bars["veto_bar"] if update_trees is not None else 0.0,
-        queue_bar=queued["queue_bar"],
-        dequeue_bar=queued["dequeue_bar"],
     )
     return Fitted(judge, alone, with_judge)
 
@@ -454,7 +418,6 @@ def _up_to_date(
         and p.get("settings") == settings.__dict__
         and p.get("bar_grid") == {k: list(v) for k, v in BAR_GRID.items()}
         and p.get("overwrite_cost") == OVERWRITE_COST
-        and p.get("queue_budget") == QUEUE_BUDGET
     )
     if not same:
         return ""
@@ -533,28 +496,18 @@ def command(args: Any, engine_settings: Any) -> int:
     log(f"strict, rule alone:            {_line(fitted.rule_alone)}")
     log(f"strict, with the judge (CV):   {_line(fitted.with_judge)}")
     cv = j.provenance["cross_validation"]
-    if cv.get("review_with_judge"):
-        for label, m in (
-            ("rule alone", cv["review_rule_alone"]),
-            ("with the judge (CV)", cv["review_with_judge"]),
-        ):
-            log(
-                f"review, {label}: updates queued with the right target "
-                f"{m['updates_queued_right_target']:.3f}, adds and skips queued "
-                f"{m['adds_skips_queued']:.3f}"
-            )
-    log(
-        f"bars: duplicate {j.duplicate_bar:.2f}, keep {j.keep_bar:.2f}, veto {j.veto_bar:.2f}, "
-        f"queue {j.queue_bar:.2f}, dequeue {j.dequeue_bar:.2f}"
-    )
+    for label, m in (
+        ("rule alone", cv["review_rule_alone"]),
+        ("with the judge (CV)", cv["review_with_judge"]),
+    ):
+        log(
+            f"review, {label}: updates queued with the right target "
+            f"{m['updates_queued_right_target']:.3f}, adds and skips queued "
+            f"{m['adds_skips_queued']:.3f}"
+        )
+    log(f"bars: duplicate {j.duplicate_bar:.2f}, veto {j.veto_bar:.2f}")
     log(f"wrote {path} in {time.perf_counter() - start:.0f} s")
     if args.json:
-        bars = {
-            "duplicate": j.duplicate_bar,
-            "keep": j.keep_bar,
-            "veto": j.veto_bar,
-            "queue": j.queue_bar,
-            "dequeue": j.dequeue_bar,
-        }
+        bars = {"duplicate": j.duplicate_bar, "veto": j.veto_bar}
         print(json.dumps({"path": str(path), "bars": bars, **j.provenance}), file=sys.stdout)
     return 0

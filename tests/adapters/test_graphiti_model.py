@@ -219,9 +219,7 @@ def test_graphitis_resolve_keeps_the_one_real_contradiction(
 
 def test_strict_bars_come_from_the_settings(real_engine: LocalEngine) -> None:
     """An override no contradiction can clear keeps every fact valid."""
-    settings = GatedLLMSettings(
-        overrides=(("key_match_contradiction", 1.0), ("contradiction", 1.0))
-    )
+    settings = GatedLLMSettings(overrides=(("dated_contradiction", 1.0), ("contradiction", 1.0)))
     llm = GatedLLMClient(
         ScriptedLLM({"EdgeDuplicate": resolve_edge_answer(all_listed)}),
         real_engine,

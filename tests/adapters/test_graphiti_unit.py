@@ -100,6 +100,13 @@ def _resolve(llm: Any, related: list[str], existing: list[str]) -> list[str]:
     return [e.fact for e in invalidated]
 
 
+NO_FRAMES = GatedLLMSettings(overrides=(("evidence", False),))
+"""The fake embedder scores the two facts' frames ("alpha" / "beta", the shared subject out) as
+unrelated (cosine 0), which MiniLM does not: identify's evidence is the real models' to give
+(``tests/adapters/test_graphiti_model.py``), so these plumbing tests leave it out. Until issue
+31 the wifi password's attribute key gave that evidence."""
+
+
 def _script(contradicted: Any) -> ScriptedLLM:
     return ScriptedLLM({"EdgeDuplicate": resolve_edge_answer(contradicted)})
 
@@ -112,7 +119,7 @@ def test_the_bare_llm_invalidates_the_unrelated_fact_too() -> None:
 def test_only_the_fact_the_gate_replaces_is_invalidated(fake_gate: Any) -> None:
     seen: list[Invalidation] = []
     inner = _script(all_listed)
-    llm = GatedLLMClient(inner, fake_gate, on_decision=seen.append)
+    llm = GatedLLMClient(inner, fake_gate, settings=NO_FRAMES, on_decision=seen.append)
     assert _resolve(llm, [ALPHA], [DOOR]) == [ALPHA]
     alpha, door = list(llm.decisions)
     assert (alpha.idx, alpha.existing_fact, alpha.new_fact, alpha.outcome) == (
@@ -138,7 +145,7 @@ def test_only_the_fact_the_gate_replaces_is_invalidated(fake_gate: Any) -> None:
 
 def test_indices_of_the_second_list_map_past_the_first(fake_gate: Any) -> None:
     """The invalidation candidates continue the idx range of the existing facts."""
-    llm = GatedLLMClient(_script(all_listed), fake_gate)
+    llm = GatedLLMClient(_script(all_listed), fake_gate, settings=NO_FRAMES)
     assert _resolve(llm, [DOOR], [ALPHA]) == [ALPHA]
     assert [(r.idx, r.existing_fact, r.outcome) for r in llm.decisions] == [
         (0, DOOR, "dropped"),
@@ -156,7 +163,7 @@ def _doubting_judge(veto: float) -> Any:
     x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.0, 1.0, 40)])
     small = BoostSettings(trees=5, max_leaves=2, min_leaf=3)
     never = fit(x, np.zeros(len(x)), small)
-    return Judge(never, 0.99, 0.0, {}, {"note": "synthetic"}, updates=never, veto_bar=veto)
+    return Judge(never, 0.99, {}, {"note": "synthetic"}, updates=never, veto_bar=veto)
 
 
 def test_the_engines_judge_holds_back_a_replacement_as_the_gate_does(tmp_path: Path) -> None:
@@ -177,7 +184,7 @@ def test_the_engines_judge_holds_back_a_replacement_as_the_gate_does(tmp_path: P
                 FakeNLI(table),
                 judge=_doubting_judge(veto),
             )
-            llm = GatedLLMClient(_script(all_listed), gate)
+            llm = GatedLLMClient(_script(all_listed), gate, settings=NO_FRAMES)
             assert llm._policy.judge_veto == veto  # the judge's bar, as the gate's strict
             assert _resolve(llm, [ALPHA], []) == expected
             [record] = llm.decisions
@@ -192,7 +199,9 @@ def test_the_engines_judge_holds_back_a_replacement_as_the_gate_does(tmp_path: P
                 assert record.outcome == "kept" and record.decision.action == "replace"
         # off per request, as on the gate: {"judge": false} among the client's overrides
         off = GatedLLMClient(
-            _script(all_listed), gate, settings=GatedLLMSettings(overrides=(("judge", False),))
+            _script(all_listed),
+            gate,
+            settings=GatedLLMSettings(overrides=(("evidence", False), ("judge", False))),
         )
         assert _resolve(off, [ALPHA], []) == [ALPHA]
     finally:

@@ -42,24 +42,24 @@ def test_state_graph_denver_then_austin(real_engine: LocalEngine) -> None:
     builder.add_edge("remember", END)
     graph = builder.compile(store=store)
 
-    graph.invoke({"fact": "The user lives in Denver.", "key": "home-1"})
-    graph.invoke({"fact": "The user moved to Austin.", "key": "home-2"})
+    graph.invoke({"fact": "Alice lives in Denver.", "key": "home-1"})
+    graph.invoke({"fact": "Alice moved to Austin.", "key": "home-2"})
 
     assert [d.action for d in seen] == ["add", "replace"]
     found = store.search(NS)
-    assert [it.value["content"] for it in found] == ["The user moved to Austin."]
+    assert [it.value["content"] for it in found] == ["Alice moved to Austin."]
     assert store.get(NS, "home-1") is None
     assert seen[1].removed_key == "home-1" and seen[1].target_id == seen[0].memory_id
 
     chain = store.history(NS, "home-2")
     assert [(m.text, m.status) for m in chain] == [
-        ("The user lives in Denver.", "superseded"),
-        ("The user moved to Austin.", "active"),
+        ("Alice lives in Denver.", "superseded"),
+        ("Alice moved to Austin.", "active"),
     ]
 
     restored = store.undo(NS, "home-2")
     assert (restored.restored_key, restored.removed_key) == ("home-1", "home-2")
-    assert [it.value["content"] for it in store.search(NS)] == ["The user lives in Denver."]
+    assert [it.value["content"] for it in store.search(NS)] == ["Alice lives in Denver."]
     assert store.get(NS, "home-2") is None
     assert real_engine.get(store.memgate_namespace(NS), seen[0].memory_id).status == "active"
 
@@ -121,8 +121,8 @@ def test_langmem_store_manager_writes_through_the_gate(real_engine: LocalEngine)
     model = _ScriptedChatModel(
         messages=iter(
             [
-                _remember_call("The user lives in Denver."),
-                _remember_call("The user moved to Austin."),
+                _remember_call("Alice lives in Denver."),
+                _remember_call("Alice moved to Austin."),
             ]
         )
     )
@@ -132,24 +132,24 @@ def test_langmem_store_manager_writes_through_the_gate(real_engine: LocalEngine)
     manager.invoke({"messages": [{"role": "user", "content": "I moved to Austin."}]})
     [d] = store.decisions
     assert d.action == "replace" and d.decision is not None
-    assert d.decision.fact.text == "The user moved to Austin."
+    assert d.decision.fact.text == "Alice moved to Austin."
     assert [it.value["content"]["content"] for it in store.search(NS)] == [
-        "The user moved to Austin."
+        "Alice moved to Austin."
     ]
 
 
 def test_review_policy_queues_then_accept_writes(real_engine: LocalEngine) -> None:
     settings = GateStoreSettings(policy="review", overrides=(("review_scope", "all"),))
     store = GatedStore(InMemoryStore(), real_engine, settings=settings)
-    store.put(NS, "home", {"content": "The user lives in Denver."})
-    store.put(NS, "move", {"content": "The user moved to Austin."})
+    store.put(NS, "home", {"content": "Alice lives in Denver."})
+    store.put(NS, "move", {"content": "Alice moved to Austin."})
     d = store.decisions[0]
     assert d.action == "review" and d.stored_key is None
     assert store.get(NS, "move") is None
     [item] = store.list_review(NS)
     out = store.resolve_review(NS, item.id, "accept")
     assert out.action == "replace" and out.removed_key == "home"
-    assert [it.value["content"] for it in store.search(NS)] == ["The user moved to Austin."]
+    assert [it.value["content"] for it in store.search(NS)] == ["Alice moved to Austin."]
 
 
 def test_over_a_memgate_server(make_gate: Any) -> None:
@@ -165,8 +165,8 @@ def test_over_a_memgate_server(make_gate: Any) -> None:
     try:
         with MemgateClient(server.target) as client:
             store = GatedStore(InMemoryStore(), client)
-            store.put(NS, "home-1", {"content": "The user lives in Denver."})
-            store.put(NS, "home-2", {"content": "The user moved to Austin."})
+            store.put(NS, "home-1", {"content": "Alice lives in Denver."})
+            store.put(NS, "home-2", {"content": "Alice moved to Austin."})
             assert store.decisions[0].action == "replace"
             assert [it.key for it in store.search(NS)] == ["home-2"]
             chain = store.history(NS, "home-2")

@@ -68,29 +68,29 @@ def mem0_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_denver_then_austin(mem0_memory: Any, real_engine: LocalEngine) -> None:
     memory = GatedMemory(mem0_memory, real_engine)
-    first = memory.add("The user lives in Denver.", **ALICE)["results"]
+    first = memory.add("Alice lives in Denver.", **ALICE)["results"]
     assert [r["event"] for r in first] == ["ADD"]
-    second = memory.add("The user moved to Austin.", **ALICE)["results"]
+    second = memory.add("Alice moved to Austin.", **ALICE)["results"]
     assert [r["event"] for r in second] == ["UPDATE"]
     assert second[0]["id"] == first[0]["id"]  # mem0 updated its item in place
     assert second[0]["target_memgate_id"] == first[0]["memgate_id"]
 
     hits = memory.search("Where does the user live?", filters=ALICE)["results"]
-    assert [h["memory"] for h in hits] == ["The user moved to Austin."]
+    assert [h["memory"] for h in hits] == ["Alice moved to Austin."]
     assert [m["memory"] for m in memory.get_all(filters=ALICE)["results"]] == [
-        "The user moved to Austin."
+        "Alice moved to Austin."
     ]
     chain = memory.gate_history(first[0]["id"])
     assert [(m.text, m.status) for m in chain] == [
-        ("The user lives in Denver.", "superseded"),
-        ("The user moved to Austin.", "active"),
+        ("Alice lives in Denver.", "superseded"),
+        ("Alice moved to Austin.", "active"),
     ]
     assert memory.memgate_id(first[0]["id"]) == second[0]["memgate_id"]
     assert [h["event"] for h in memory.history(first[0]["id"])] == ["ADD", "UPDATE"]
 
     restored = memory.undo(first[0]["id"])
-    assert restored.text == "The user lives in Denver."
-    assert memory.get(first[0]["id"])["memory"] == "The user lives in Denver."
+    assert restored.text == "Alice lives in Denver."
+    assert memory.get(first[0]["id"])["memory"] == "Alice lives in Denver."
     assert memory.memgate_id(first[0]["id"]) == first[0]["memgate_id"]
 
 
@@ -117,14 +117,14 @@ def test_review_policy_queues_then_accept_updates(
 ) -> None:
     settings = GatedMemorySettings(policy="review", overrides=(("review_scope", "all"),))
     memory = GatedMemory(mem0_memory, real_engine, settings=settings)
-    [home] = memory.add("The user lives in Denver.", **ALICE)["results"]
-    [move] = memory.add("The user moved to Austin.", **ALICE)["results"]
+    [home] = memory.add("Alice lives in Denver.", **ALICE)["results"]
+    [move] = memory.add("Alice moved to Austin.", **ALICE)["results"]
     assert move["event"] == "REVIEW" and move["id"] is None
-    assert memory.get(home["id"])["memory"] == "The user lives in Denver."
+    assert memory.get(home["id"])["memory"] == "Alice lives in Denver."
     [item] = memory.list_review(**ALICE)
     done = memory.resolve_review(item.id, "accept", **ALICE)
     assert done["event"] == "UPDATE" and done["id"] == home["id"]
-    assert memory.get(home["id"])["memory"] == "The user moved to Austin."
+    assert memory.get(home["id"])["memory"] == "Alice moved to Austin."
 
 
 def test_llm_extraction_is_refused(mem0_memory: Any, real_engine: LocalEngine) -> None:

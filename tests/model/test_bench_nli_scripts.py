@@ -74,11 +74,14 @@ def test_bench_judge_runs_the_gate_with_and_without_the_served_judge(
     assert row["memories"] == 200 and row["facts"] == 20
     assert set(row["ms_per_fact"]) == set(row["actions"]) == set(bench_judge.ARMS)
     assert all(v > 0 for v in row["ms_per_fact"].values()) and row["cost"] > 0
-    # under strict the judge moves facts between add and skip, and may hold a replacement
-    # back (an add): it never replaces where the rule did not, never queues
+    # under strict the judge may skip an add and hold a replacement back (an add): it never
+    # replaces where the rule did not, and never queues itself; a held-back replacement leaves
+    # its target standing for the later facts of the batch, which may then find two plausible
+    # targets (review): the reviews differ by at most the replacements held back
     alone, judged = (row["actions"][a] for a in bench_judge.ARMS)
-    assert judged.get("replace", 0) <= alone.get("replace", 0)
-    assert alone.get("review", 0) == judged.get("review", 0)
+    held = alone.get("replace", 0) - judged.get("replace", 0)
+    assert held >= 0
+    assert abs(judged.get("review", 0) - alone.get("review", 0)) <= held
     assert sum(alone.values()) == sum(judged.values()) == 20
 
 
@@ -94,13 +97,7 @@ def test_cv_judge_scores_each_set_with_a_judge_fitted_without_it(
     result = _result(tmp_path, "cv_judge")
     assert [r["set"] for r in result["sets"]] == ["heldout2", "heldout3", "heldout4"]
     for rec in result["sets"]:
-        assert set(rec["bars"]) == {
-            "duplicate_bar",
-            "keep_bar",
-            "veto_bar",
-            "queue_bar",
-            "dequeue_bar",
-        }
+        assert set(rec["bars"]) == {"duplicate_bar", "veto_bar"}
         alone, judged = rec["alone"], rec["judge"]
         assert alone["strict"]["cases"] == judged["strict"]["cases"] == 15
         # the judge never adds a wrongful overwrite, and review never replaces

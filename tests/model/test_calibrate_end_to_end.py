@@ -49,7 +49,7 @@ def test_calibrate_end_to_end_and_eval_reproduces_the_choice(
     out = tmp_path / "cal" / "policy.json"
     argv = ["--cache-dir", str(cache_dir), "calibrate", "--cases", str(subset), "--out", str(out)]
     argv += ["--grid", "floor=0.5,0.6,0.7", "--grid", "contradiction=0.9,0.98"]
-    argv += ["--grid", "key_match_contradiction=0.8", "--folds", "3", "--max-wrongful", "1"]
+    argv += ["--grid", "dated_contradiction=0.8", "--folds", "3", "--max-wrongful", "1"]
     argv += ["--only-grid"]  # the served judge's bars too otherwise (the next test)
     code = cli_main(argv)
     text = capsys.readouterr().out
@@ -66,7 +66,7 @@ def test_calibrate_end_to_end_and_eval_reproduces_the_choice(
     assert pf.base == "strict" and set(pf.overrides) == {
         "floor",
         "contradiction",
-        "key_match_contradiction",
+        "dated_contradiction",
     }
     prov = pf.provenance
     assert prov["cases"]["count"] == 20 and len(prov["cases"]["sha256"]) == 64
@@ -212,12 +212,10 @@ def _cache_with_a_judge(tmp_path: Path, cache_dir: Path, cases: Path) -> tuple[P
     judge = Judge(
         fit(x, (x[:, 0] > 0.5).astype(float), small),
         0.8,
-        0.1,
         {"embedder": emb, "nli": nli},
         {"sets": [{"name": "mine", "sha256": sha256_of(cases), "cases": 20}]},
         updates=fit(x, (x[:, 1] > 0.5).astype(float), small),
         veto_bar=0.45,
-        queue_bar=0.9,
     )
     save_judge(judge_path(cache, emb, nli), judge)
     return cache, judge.veto_bar
@@ -231,7 +229,7 @@ def test_calibrate_sweeps_the_served_judges_bars(
     subset.write_text("\n".join(lines[1::6][:20]) + "\n", encoding="utf-8")
     cache, veto = _cache_with_a_judge(tmp_path, cache_dir, subset)
     fixed = ["--grid", "floor=0.6", "--grid", "contradiction=0.95"]
-    fixed += ["--grid", "key_match_contradiction=0.8", "--folds", "2", "--no-plot"]
+    fixed += ["--grid", "dated_contradiction=0.8", "--folds", "2", "--no-plot"]
     out = tmp_path / "strict.json"
     argv = ["--cache-dir", str(cache), "calibrate", "--nli", "aegis-nli", "--cases", str(subset)]
     code = cli_main([*argv, "--out", str(out), "--max-wrongful", "20", *fixed])
@@ -242,7 +240,6 @@ def test_calibrate_sweeps_the_served_judges_bars(
     assert sweep["grid"]["judge_veto"] == [0.0, 0.3, veto, 0.6]
     assert sweep["judge"]["fitted_on_these_cases"] is True and len(sweep["judge"]["seal"]) == 64
     assert sweep["judge"]["bars"]["judge_veto"] == veto
-    assert "judge_queue" not in sweep["grid"]  # strict never queues
     # a higher veto bar only holds replacements back: never more replaced, never more wrongly
     by_veto = sorted(sweep["settings"], key=lambda s: s["setting"]["judge_veto"])
     for lower, higher in zip(by_veto, by_veto[1:], strict=False):
@@ -262,14 +259,13 @@ def test_calibrate_sweeps_the_served_judges_bars(
     scored = json.loads(capsys.readouterr().out)
     for name in ("wrongful_overwrites", "update_recall", "accuracy"):
         assert scored[name] == pf.provenance["metrics"][name], name
-    # review: the queue bar instead, within a bound on needless queueing
+    # review: no judge bar to sweep (it never replaces; the judge's queue is retired), the
+    # thresholds within a bound on needless queueing
     out = tmp_path / "review.json"
     code = cli_main([*argv, "--policy", "review", "--out", str(out), *fixed])
     captured = capsys.readouterr()
     sweep = json.loads(out.with_suffix(".sweep.json").read_text("utf-8"))
-    assert (
-        sweep["grid"]["judge_queue"] == [0.6, 0.8, 0.9, 1.0] and "judge_veto" not in sweep["grid"]
-    )
+    assert not any(name.startswith("judge_") for name in sweep["grid"])
     assert sweep["max_needless"] == 0.10 and "queued needlessly" in captured.out
     if code == 0:
         chosen = load_policy_file(out).provenance["metrics"]

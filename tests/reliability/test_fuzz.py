@@ -280,10 +280,6 @@ def overrides(draw: Any) -> Any:
         msg.top_k = draw(st.sampled_from([0, 1, 20, 1000, 1001, 2**32 - 1]))
     if draw(st.integers(0, 3)) == 0:
         msg.review_scope = draw(st.sampled_from(["all", "uncertain", "", "ALL", "\x00"]))
-    if draw(st.integers(0, 3)) == 0:
-        msg.normalize = draw(st.booleans())
-    if draw(st.integers(0, 3)) == 0:
-        msg.keys = draw(st.booleans())
     return msg
 
 

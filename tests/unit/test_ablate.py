@@ -15,7 +15,7 @@ def fig(net: int, wo: int, right: float = 0.8, needless: float = 0.1) -> dict[st
 
 def test_every_arm_is_a_valid_override_that_changes_the_policy() -> None:
     assert ARMS["on"] == {}
-    bars = {"judge_veto": 0.3, "judge_queue": 0.6, "judge_dequeue": 0.2}  # a fitted judge's
+    bars = {"judge_veto": 0.3}  # a fitted judge's
     for name, overrides in ARMS.items():
         for base in (STRICT.with_overrides(bars), REVIEW.with_overrides(bars)):
             pol = base.with_overrides(overrides)  # unknown names are refused

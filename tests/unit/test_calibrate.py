@@ -42,7 +42,7 @@ from engine.tuning.policy_file import (
 # -- the grid -----------------------------------------------------------------------------------
 def test_parse_grid_lists_ranges_and_defaults() -> None:
     g = parse_grid(["floor=0.5:0.6:0.05", "ambiguity_margin=0.03,0.01"], STRICT)
-    assert g.fields == ("floor", "contradiction", "key_match_contradiction", "ambiguity_margin")
+    assert g.fields == ("floor", "contradiction", "dated_contradiction", "ambiguity_margin")
     assert g.values[0] == (0.5, 0.55, 0.6)
     assert g.values[3] == (0.01, 0.03)
     assert g.values[1] == tuple(default_grid(STRICT)["contradiction"])
@@ -50,7 +50,7 @@ def test_parse_grid_lists_ranges_and_defaults() -> None:
     assert g.settings()[0] == {
         "floor": 0.5,
         "contradiction": 0.85,
-        "key_match_contradiction": 0.7,
+        "dated_contradiction": 0.7,
         "ambiguity_margin": 0.01,
     }
     only = parse_grid(["top_k=5,10"], STRICT, defaults=False)
@@ -61,7 +61,7 @@ def test_default_grid_holds_the_base_values() -> None:
     for base in (STRICT, REVIEW):
         d = default_grid(base)
         assert base.floor in d["floor"] and base.contradiction in d["contradiction"]
-        assert base.key_match_contradiction in d["key_match_contradiction"]
+        assert base.dated_contradiction in d["dated_contradiction"]
 
 
 class _Judge:
@@ -76,10 +76,9 @@ def test_the_served_judges_bars_join_the_default_grid_where_the_policy_uses_them
 
     strict = replace(STRICT, judge_veto=0.45)
     assert judge_grid(strict, _Judge()) == {"judge_veto": [0.0, 0.3, 0.45, 0.6]}
-    review = replace(REVIEW, judge_queue=0.7)
-    assert judge_grid(review, _Judge()) == {"judge_queue": [0.6, 0.7, 0.8, 1.0]}
-    # review-uncertain replaces confident conflicts and queues the rest: both bars
-    assert set(judge_grid(REVIEW_UNCERTAIN, _Judge())) == {"judge_veto", "judge_queue"}
+    assert judge_grid(REVIEW, _Judge()) == {}  # review never replaces: no veto to sweep
+    # review-uncertain replaces confident conflicts: the veto bar
+    assert set(judge_grid(REVIEW_UNCERTAIN, _Judge())) == {"judge_veto"}
     # no judge, no update trees, or the judge turned off: those bars change nothing
     assert judge_grid(strict, None) == {}
     assert judge_grid(strict, _Judge(updates=None)) == {}
@@ -88,7 +87,7 @@ def test_the_served_judges_bars_join_the_default_grid_where_the_policy_uses_them
     assert g.fields == (
         "floor",
         "contradiction",
-        "key_match_contradiction",
+        "dated_contradiction",
         "judge_veto",
         "top_k",
     )
@@ -96,15 +95,18 @@ def test_the_served_judges_bars_join_the_default_grid_where_the_policy_uses_them
     assert parse_grid([], strict, judge=_Judge()).values[3] == (0.0, 0.3, 0.45, 0.6)
     assert "judge_veto" not in parse_grid([], strict).fields  # no judge served
     assert parse_grid(["floor=0.6"], strict, defaults=False, judge=_Judge()).fields == ("floor",)
-    with pytest.raises(InvalidInput, match=r"judge_queue must be in \[0, 1\]"):
-        parse_grid(["judge_queue=1.5"], review, judge=_Judge())
+    with pytest.raises(InvalidInput, match=r"judge_veto must be in \[0, 1\]"):
+        parse_grid(["judge_veto=1.5"], strict, judge=_Judge())
+    for retired in ("judge_queue", "judge_dequeue", "judge_keep", "key_match_floor"):
+        with pytest.raises(InvalidInput, match="not a numeric policy field"):
+            parse_grid([f"{retired}=0.5"], strict, judge=_Judge())
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         ("floor", "name=values"),
-        ("normalize=0,1", "not a numeric policy field"),
+        ("lexical=0,1", "not a numeric policy field"),
         ("mode=1", "not a numeric policy field"),
         ("colour=1", "not a numeric policy field"),
         ("floor=1.5", "floor must be in [0, 1]"),
@@ -316,7 +318,7 @@ def test_policy_file_round_trip(tmp_path: Path) -> None:
         ({"format": FORMAT, "base": "strict", "overrides": {"mode": "review"}}, "mode"),
         ({"format": FORMAT, "base": "strict", "overrides": {"floor": 2}}, "floor must be in"),
         ({"format": FORMAT, "base": "strict", "overrides": {"floor": "0.5"}}, "must be a float"),
-        ({"format": FORMAT, "base": "strict", "overrides": {"keys": 1}}, "must be a bool"),
+        ({"format": FORMAT, "base": "strict", "overrides": {"lexical": 1}}, "must be a bool"),
         ({"format": FORMAT, "base": "strict", "overrides": {"top_k": 2.0}}, "must be a int"),
         ({"format": FORMAT, "base": "lenient", "overrides": {}}, "unknown policy 'lenient'"),
         ({"format": "other/1", "base": "strict"}, "format must be"),

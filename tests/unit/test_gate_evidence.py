@@ -81,7 +81,7 @@ def test_subject_relation(a: str, b: str, want: str) -> None:
 def _probe(text: str, *memories: str) -> Probe:
     p = Probe(index=0, fact=Fact(namespace="ns", text=text), checked=True)
     p.hits = [
-        Hit(ref=Ref(f"m{i}", m, None, None, rowid=i), similarity=0.9, rank=i, forward=True)
+        Hit(ref=Ref(f"m{i}", m, None, rowid=i), similarity=0.9, rank=i, forward=True)
         for i, m in enumerate(memories)
     ]
     return p
@@ -156,7 +156,7 @@ def test_the_batch_parse_takes_the_fact_and_the_hits_sent_to_the_model(
     p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea.")
     p.hits[1].forward = False
     identify([p], FakeEmbedder(), STRICT)
-    assert seen == [p.nli_text, "Keiko has lived in Kobe since 2019."]
+    assert seen == [p.fact.text, "Keiko has lived in Kobe since 2019."]
 
 
 def conflict(**kw: object) -> Evidence:
@@ -179,27 +179,19 @@ def test_strict_adds_without_attribute_evidence() -> None:
     assert v.candidates[0].reason == "unproven:subject_disjoint"
 
 
-def test_subjects_named_apart_by_values_outweigh_a_key_match() -> None:
-    v = apply_rule([conflict(attribute=1.0, subject="apart", key_match=True)], STRICT)
+def test_subjects_named_apart_by_values_are_never_proven_one_attribute() -> None:
+    v = apply_rule([conflict(attribute=1.0, subject="apart")], STRICT)
     assert (v.action, v.candidates[0].reason) == ("add", "unproven:subject_apart")
-    # a key match still outweighs a subject the parse only finds disjoint by its words
-    assert apply_rule(
-        [conflict(attribute=0.9, subject="disjoint", key_match=True)], STRICT
-    ).action == ("replace")
 
 
 def test_typed_values_added_beside_the_memory_s_are_not_proven_the_same_attribute() -> None:
     v = apply_rule([conflict(attribute=0.9, subject="shared", beside=True)], STRICT)
     assert (v.action, v.candidates[0].reason) == ("add", "unproven:values_beside")
-    assert apply_rule([conflict(attribute=0.9, beside=True, key_match=True)], STRICT).action == (
-        "replace"
-    )
 
 
-def test_strict_replaces_with_evidence_and_a_key_match_is_evidence() -> None:
+def test_strict_replaces_with_evidence() -> None:
     v = apply_rule([conflict(attribute=0.9, subject="shared")], STRICT)
     assert v.action == "replace" and v.candidates[0].attribute == pytest.approx(0.9)
-    assert apply_rule([conflict(attribute=None, key_match=True)], STRICT).action == "replace"
 
 
 def test_review_queues_every_conflict_whatever_the_evidence() -> None:
@@ -219,18 +211,12 @@ def test_the_bar_belongs_to_the_embedder() -> None:
     assert for_embedder(STRICT, "someone-elses-model") is STRICT
 
 
-def test_a_near_rival_with_the_closer_frame_makes_the_target_ambiguous() -> None:
-    # "Walter's evening dose went up": the morning dose is a hair more similar as a sentence,
-    # the evening dose (matching key) speaks of the attribute more closely
+def test_a_near_rival_makes_the_target_ambiguous() -> None:
+    # "Walter's evening dose went up": the morning dose is a hair more similar as a sentence
     morning = Evidence("am", "am", 0.922, contradiction=0.98, attribute=0.86, subject="shared")
-    evening = Evidence(
-        "pm", "pm", 0.920, contradiction=0.99, attribute=0.93, subject="shared", key_match=True
-    )
+    evening = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.93, subject="shared")
     v = apply_rule([morning, evening], STRICT)
     assert (v.action, v.rule) == ("review", "ambiguous_target")
-    # a rival whose frame is farther does not: the most similar proven candidate is replaced
-    farther = Evidence("pm", "pm", 0.920, contradiction=0.99, attribute=0.5, key_match=True)
-    assert apply_rule([morning, farther], STRICT).action == "replace"
 
 
 def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
@@ -240,7 +226,7 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     p = _probe(
         "Mr Varga's tutor on Tuesdays: Idris Kalu.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
     )
-    p.hits[0].contradiction = p.hits[0].reverse_contradiction = 0.99
+    p.hits[0].contradiction = 0.99
     p.hits[0].attribute, p.hits[0].subject = 1.0, "unknown"
     ev = weigh(p, p.hits[0], STRICT, "m0")
     assert ev.mismatch == "other_subject"
@@ -250,7 +236,7 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     q = _probe(
         "Ms Varga's tutor on Tuesdays: Nadia Osei.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
     )
-    q.hits[0].contradiction = q.hits[0].reverse_contradiction = 0.99
+    q.hits[0].contradiction = 0.99
     q.hits[0].attribute, q.hits[0].subject = 1.0, "unknown"
     ev = weigh(q, q.hits[0], STRICT, "m0")
     assert ev.mismatch == "" and apply_rule([ev], STRICT).action == "replace"

@@ -42,10 +42,6 @@ def _random_evidence(rng: random.Random, n: int) -> list[Evidence]:
                 contradiction=rng.choice([None, rng.random(), rng.uniform(0.9, 1.0)]),
                 entailment=rng.choice([None, rng.random()]),
                 reverse_entailment=rng.choice([None, rng.random()]),
-                reverse_contradiction=rng.choice([None, rng.random()]),
-                key_match=rng.random() < 0.2,
-                key_conflict=rng.random() < 0.1,
-                conflict_reason="qualifier:a!=b",
                 mismatch=rng.choice(["", "", "other_subject"]),
                 contained=rng.random() < 0.05,
                 partial=rng.random() < 0.1,
@@ -57,7 +53,6 @@ def _random_evidence(rng: random.Random, n: int) -> list[Evidence]:
                 subject=rng.choice(["", *[s.value for s in Subject]]),
                 attribute=rng.choice([None, rng.random()]),
                 dated=rng.choice(["", "", "later", "earlier"]),
-                old_value=rng.random() < 0.05,
             )
         )
     return out
@@ -88,7 +83,7 @@ def test_docs_name_every_rule() -> None:
 
 
 def test_composed_names() -> None:
-    assert partial_rule(Rule.KEY_MATCH) == "partial_contradiction:key_match"
+    assert partial_rule(Rule.LATER_DATED) == "partial_contradiction:later_dated"
     assert confident_rule(Rule.CONTRADICTION) == "contradiction+confident"
     assert detailed(Reason.UNPROVEN, "subject_disjoint") == "unproven:subject_disjoint"
     assert Rule.CONTRADICTION == "contradiction" and f"{Subject.APART}" == "apart"

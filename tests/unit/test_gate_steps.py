@@ -77,56 +77,55 @@ def test_plan_checks_only_free_text_semantic_facts() -> None:
         STRICT,
     )
     assert [p.checked for p in probes] == [False, False, True]
-    assert probes[0].key is None and probes[1].key is not None
-    event = probes[2]
-    assert event.norm is not None and event.norm.rule and event.queries
-    assert event.nli_text == event.norm.hypothesis == event.hypothesis
 
 
-def test_embed_makes_one_call_for_facts_and_queries() -> None:
+def test_embed_makes_one_call_for_the_facts() -> None:
     probes = plan([Fact(NS, OFFICE), Fact(NS, "Maya moved to Porto.")], STRICT)
     embedder = FakeEmbedder()
     vectors = embed(probes, embedder)
-    assert len(embedder.calls) == 1
-    assert embedder.calls[0][:2] == [OFFICE, "Maya moved to Porto."]
+    assert embedder.calls == [[OFFICE, "Maya moved to Porto."]]
     assert vectors.shape == (2, embedder.dim)
-    assert len(probes[1].extra) == len(probes[1].queries) >= 1
+    assert all(p.vector is not None for p in probes)
 
 
 def _probe(text: str, *memories: tuple[str, float]) -> Probe:
     probe = plan([Fact(NS, text)], STRICT)[0]
-    probe.hits = [Hit(Ref(f"m{n}", t, None, None, n), s, n) for n, (t, s) in enumerate(memories)]
+    probe.hits = [Hit(Ref(f"m{n}", t, None, n), s, n) for n, (t, s) in enumerate(memories)]
     return probe
 
 
-def test_relate_never_asks_the_model_about_a_sibling() -> None:
+def test_relate_asks_the_model_about_every_candidate_above_the_floor() -> None:
     probe = _probe(
         "The return flight now leaves at 18:05.",
-        ("The outbound flight leaves at 07:10.", 0.9),
-        ("The return flight leaves at 17:00.", 0.8),
+        ("The return flight now leaves at 18:05 sharp.", 0.95),
+        ("The outbound flight leaves at 07:10.", 0.7),
         ("The hotel is near the station.", 0.3),
     )
     relate([probe], STRICT, has_entailment=True)
-    sibling, same, far = probe.hits
-    assert sibling.relation is not None and sibling.relation.key_conflict
-    assert not sibling.forward and same.forward and not far.forward
-    assert far.relation is None  # below every floor: not even related
+    near, other, far = probe.hits
+    assert near.forward and other.forward and not far.forward
+    # the reverse direction: the nearly identical closest only, for its duplicate test
+    assert near.reverse and not other.reverse and not far.reverse
+    fresh = _probe("x", ("y", 0.95))
+    relate([fresh], STRICT, has_entailment=False)  # no entailment label: no duplicate pair
+    assert fresh.hits[0].forward and not fresh.hits[0].reverse
+    relate([fresh], Policy(duplicates=False), has_entailment=True)
+    assert not fresh.hits[0].reverse
 
 
-def test_score_verifies_a_forward_conflict_the_other_way() -> None:
-    probe = _probe(MOVED, (OFFICE, 0.8), ("The customer prefers email.", 0.7))
+def test_score_asks_forward_pairs_and_the_duplicate_pair_only() -> None:
+    near = "The customer's office is in Denver, Colorado."
+    probe = _probe(OFFICE, (near, 0.95), (MOVED, 0.8))
     relate([probe], STRICT, has_entailment=True)
-    nli = FakeNLI({(OFFICE, MOVED): CONFLICT, (MOVED, OFFICE): {"contradiction": 0.4}})
-    pairs = score([probe], nli, STRICT)
-    conflict, other = probe.hits
-    assert pairs == 3 and nli.calls[-1] == (MOVED, OFFICE)
-    assert conflict.contradiction == pytest.approx(0.99)
-    assert conflict.reverse_contradiction == pytest.approx(0.4)
-    assert other.contradiction == 0.0 and other.reverse_contradiction is None
-    fresh = _probe(MOVED, (OFFICE, 0.8), ("The customer prefers email.", 0.7))
-    relate([fresh], STRICT, has_entailment=True)
-    off = score([fresh], FakeNLI({(OFFICE, MOVED): CONFLICT}), Policy(verify_reverse=False))
-    assert off == 2 and fresh.hits[0].reverse_contradiction is None
+    nli = FakeNLI(
+        {(near, OFFICE): {"entailment": 0.9}, (OFFICE, near): {"entailment": 0.8}},
+        labels=("entailment", "neutral", "contradiction"),
+    )
+    assert score([probe], nli) == 3
+    assert sorted(nli.calls) == sorted([(near, OFFICE), (OFFICE, near), (MOVED, OFFICE)])
+    dup, other = probe.hits
+    assert dup.entailment == pytest.approx(0.9) and dup.reverse_entailment == pytest.approx(0.8)
+    assert other.contradiction == 0.0 and other.reverse_entailment is None
 
 
 def test_conflict_replaces_and_reports_rule_and_candidates(store: SQLiteStore) -> None:
@@ -135,7 +134,7 @@ def test_conflict_replaces_and_reports_rule_and_candidates(store: SQLiteStore) -
     (old,) = gate.ingest([Fact(NS, OFFICE)])
     d = gate.triage([Fact(NS, MOVED)], "strict", apply=True).decisions[0]
     assert (d.action, d.target_id) == ("replace", old.memory_id)
-    assert d.rule in ("key_match", "contradiction")
+    assert d.rule == "contradiction"
     best = d.candidates[0]
     assert best.memory_id == old.memory_id and best.passed
     assert best.contradiction == pytest.approx(0.99)
@@ -189,35 +188,33 @@ def test_named_policies_take_the_scoring_models_thresholds() -> None:
     from engine.gate.thresholds import MODEL_THRESHOLDS, ModelThresholds, for_model
 
     assert for_model(STRICT, None) is STRICT and for_model(STRICT, "unknown-model") is STRICT
-    MODEL_THRESHOLDS["test-nli"] = ModelThresholds(0.7, 0.6, 0.65, 0.4)
+    MODEL_THRESHOLDS["test-nli"] = ModelThresholds(0.7, 0.6, 0.4)
     try:
         tuned = for_model(STRICT, "test-nli")
-        assert (tuned.contradiction, tuned.key_match_contradiction) == (0.7, 0.6)
+        assert (tuned.contradiction, tuned.dated_contradiction) == (0.7, 0.6)
         assert tuned.floor == STRICT.floor and tuned.name == "strict"
     finally:
         del MODEL_THRESHOLDS["test-nli"]
 
 
 def test_seed_pipeline_runs_none_of_the_mechanisms(store: SQLiteStore) -> None:
-    """Under ``seed`` the pipeline asks the model memory -> fact only (no reverse check, no
-    duplicate entailment), reads no key, rewrites no event, and parses nothing: the decision
-    is the closest candidate over the bar, the sibling (the other flight leg) included, where
-    strict protects the sibling and replaces the leg the fact names."""
+    """Under ``seed`` the pipeline asks the model memory -> fact only (no duplicate
+    entailment) and parses nothing: the decision is the closest candidate over the bar, the
+    sibling (the other flight leg) included, which strict never replaces."""
     fact = "The return flight now leaves at 18:05."
     sibling = "The outbound flight now leaves at 18:05 today."  # 0.85 similar (fake embedder)
     leg = "The return flight leaves at 17:00."  # 0.67
     probe = plan([Fact(NS, fact)], SEED)[0]
     probe.hits = [
-        Hit(Ref(f"m{n}", t, None, None, n), s, n)
+        Hit(Ref(f"m{n}", t, None, n), s, n)
         for n, (t, s) in enumerate(((sibling, 0.95), (leg, 0.67)))
     ]
     relate([probe], SEED, has_entailment=True)
-    assert probe.norm is None and probe.nli_text == fact and not probe.queries
-    assert all(h.relation is None and h.forward and not h.reverse for h in probe.hits)
+    assert all(h.forward and not h.reverse for h in probe.hits)
     table = {(sibling, fact): CONFLICT, (leg, fact): CONFLICT}
     table |= {(fact, sibling): CONFLICT, (fact, leg): CONFLICT}
     nli = FakeNLI(table)
-    assert score([probe], nli, SEED) == 2 and nli.calls == [(sibling, fact), (leg, fact)]
+    assert score([probe], nli) == 2 and nli.calls == [(sibling, fact), (leg, fact)]
     gate = make_gate(store, FakeNLI(table))
     (out,), (mine,) = gate.ingest([Fact(NS, sibling)]), gate.ingest([Fact(NS, leg)])
     seed = gate.triage([Fact(NS, fact)], "seed").decisions[0]
@@ -229,8 +226,14 @@ def test_seed_pipeline_runs_none_of_the_mechanisms(store: SQLiteStore) -> None:
     )
     assert [c.attribute for c in seed.candidates] == [None, None]  # nothing identified
     assert [c.reason for c in seed.candidates] == ["contradiction", "contradiction"]
+    # strict never replaces the sibling: the parse reads it as said of another subject (the
+    # attribute keys that once told the legs apart are retired, issue 31); the leg it names is
+    # then dominated by that closer memory, so the fact is added beside both
     strict = gate.triage([Fact(NS, fact)], "strict").decisions[0]
-    assert (strict.action, strict.target_id) == ("replace", mine.memory_id)
+    assert (strict.action, strict.target_id, strict.rule) == ("add", None, "dominated")
+    reasons = {c.memory_id: c.reason for c in strict.candidates}
+    assert reasons[out.memory_id] == "mismatch:other_subject"
+    assert reasons[mine.memory_id] == f"dominated_by:{out.memory_id}"
 
 
 def test_triage_checks_plain_facts_once_and_takes_checked_ones_as_they_are(

@@ -53,21 +53,3 @@ def test_a_time_is_a_qualifier_only_when_more_than_the_time_differs(
     from engine.gate.claims.compare import beyond_time
 
     assert beyond_time(claim(memory), claim(fact)) is beyond
-
-
-@pytest.mark.parametrize(
-    ("memory", "old", "held"),
-    [
-        ("The user's health status is Improved.", "Improved", True),
-        ("Mia lives in Paris.", "lives in Paris", True),
-        ("Ravi is a vegetarian.", "a vegetarian", True),
-        ("The plan costs 10 dollars.", "$10", True),
-        ("The plan costs $12.", "$10", False),
-        ("Mia lives in Rome.", "lives in Paris", False),
-    ],
-)
-def test_a_memory_holds_the_old_value_a_change_names(memory: str, old: str, held: bool) -> None:
-    from engine.gate.claims import claim
-    from engine.gate.claims.compare import holds_value
-
-    assert holds_value(claim(memory), claim(old)) is held

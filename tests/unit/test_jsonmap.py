@@ -108,3 +108,27 @@ def test_a_missing_extra_names_itself(module: str, blocked: str, extra: str) -> 
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
     )
     assert extra in out.stdout, (out.stdout, out.stderr)
+
+
+@pytest.mark.parametrize(
+    "name", ["keys", "normalize", "key_match_contradiction", "key_match_floor", "verify_reverse"]
+)
+def test_retired_policy_overrides_are_refused_on_every_door(name: str) -> None:
+    """Issue 31 deleted these knobs: over HTTP the field is unknown, from Python the override
+    name is unknown, and the proto keeps their numbers reserved."""
+    from engine.server.convert import overrides_to_pb
+
+    body = json.dumps({"facts": [], "overrides": {name: 1}}).encode()
+    with pytest.raises(InvalidInput):
+        message_from_json(body, pb.TriageRequest)
+    with pytest.raises(InvalidInput, match="unknown policy override"):
+        overrides_to_pb({name: 1})
+    reserved = pb.PolicyOverrides.DESCRIPTOR
+    assert name not in reserved.fields_by_name
+
+
+def test_the_later_dated_bar_is_an_override() -> None:
+    from engine.server.convert import overrides_from_pb, overrides_to_pb
+
+    msg = overrides_to_pb({"dated_contradiction": 0.7})
+    assert overrides_from_pb(msg) == {"dated_contradiction": 0.7}

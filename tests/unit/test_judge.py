@@ -88,20 +88,18 @@ def ev(mid: str, sim: float, contra: float | None = 0.1, text: str = "", **kw: o
     return Evidence(mid, text or f"memory {mid}", sim, contra, **kw)  # type: ignore[arg-type]
 
 
-def test_the_closest_candidates_at_or_above_the_floor_are_judged_siblings_aside() -> None:
+def test_the_closest_candidates_at_or_above_the_floor_are_judged() -> None:
     evs = [ev("a", 0.50), ev("b", 0.95), ev("c", 0.70), ev("d", 0.65), ev("e", 0.61)]
     assert [e.memory_id for e in judged(evs, 0.60)] == ["b", "c", "d"][:JUDGED]
     assert [e.memory_id for e in judged(evs, 0.68)] == ["b", "c"]
     assert judged([ev("a", 0.3)], 0.45) == []
-    sibling = [ev("b", 0.95, key_conflict=True), ev("c", 0.70), ev("d", 0.65), ev("e", 0.61)]
-    assert [e.memory_id for e in judged(sibling, 0.60)] == ["c", "d"]
 
 
 def test_feature_rows_follow_the_named_columns() -> None:
     fact = "Dana's flat is in Leith."
     evs = [
         ev("m1", 0.92, 0.02, "Dana lives in a flat in Leith.", subject="shared", attribute=0.8),
-        ev("m2", 0.70, 0.99, "Dana works in Glasgow.", key_match=True),
+        ev("m2", 0.70, 0.99, "Dana works in Glasgow."),
         ev("m3", 0.40, None, "Dana likes tea."),
     ]
     chosen, rows = features(evs, fact, 0.45)
@@ -112,7 +110,6 @@ def test_feature_rows_follow_the_named_columns() -> None:
     assert col["below_top"][0] == 0.0 and col["below_top"][1] == pytest.approx(-0.22)
     assert col["above_next"][1] == pytest.approx(0.30)
     assert col["contradiction_logit"][0] < 0 < col["contradiction_logit"][1]
-    assert col["key_match"].tolist() == [0.0, 1.0]
     assert col["subject_shared"].tolist() == [1.0, 0.0]
     assert col["attribute"][0] == pytest.approx(0.8) and col["attribute_known"][1] == 0.0
     # "Dana's flat is in Leith" is worded by "Dana lives in a flat in Leith", not by the job
@@ -187,18 +184,8 @@ def test_a_fact_the_rule_adds_is_skipped_when_the_judge_calls_it_a_duplicate() -
     assert (kept.action, kept.target_id, kept.rule) == ("add", None, v.rule)
 
 
-def test_a_rule_skip_the_judge_finds_new_is_stored() -> None:
-    evs = [ev("m1", 0.97, 0.01)]
-    v = _verdict(evs)
-    assert (v.action, v.rule) == ("skip", "duplicate")
-    out = amended(v, {"m1": 0.03}, STRICT)
-    assert (out.action, out.target_id, out.rule) == ("add", None, "judged_new")
-    assert out.candidates[0].reason == "judged_new:0.03"
-    assert amended(v, {"m1": 0.5}, STRICT).action == "skip"
-
-
 def test_duplicate_probabilities_never_touch_a_replace_or_a_review() -> None:
-    evs = [ev("m1", 0.80, 0.99, reverse_contradiction=0.99, subject="shared", attribute=0.9)]
+    evs = [ev("m1", 0.80, 0.99, subject="shared", attribute=0.9)]
     replace_v = _verdict(evs)
     assert replace_v.action == "replace"
     assert amended(replace_v, {"m1": 0.99}, STRICT) is replace_v
@@ -211,7 +198,7 @@ def test_duplicate_probabilities_never_touch_a_replace_or_a_review() -> None:
 
 def _conflict() -> list[Evidence]:
     return [
-        ev("m1", 0.80, 0.99, reverse_contradiction=0.99, subject="shared", attribute=0.9),
+        ev("m1", 0.80, 0.99, subject="shared", attribute=0.9),
         ev("m2", 0.70, 0.02),
     ]
 
@@ -236,25 +223,19 @@ def test_a_replacement_the_judge_doubts_is_held_back() -> None:
     assert amended(v, {}, replace(strict, judge=False), {"m1": 0.01}) is v
 
 
-def test_a_review_policy_queues_an_add_the_judge_calls_an_update() -> None:
-    evs = [ev("m1", 0.82, 0.05), ev("m2", 0.70, 0.02)]
-    review = replace(REVIEW, judge_queue=0.7)
-    v = _verdict(evs, review)
-    assert v.action == "add"
-    out = amended(v, {"m1": 0.1, "m2": 0.2}, review, {"m1": 0.4, "m2": 0.75})
-    assert (out.action, out.target_id, out.rule) == ("review", "m2", "judged_update")
-    cands = {c.memory_id: c for c in out.candidates}
-    assert cands["m2"].reason == "judged_update:0.75" and cands["m2"].update == 0.75
-    assert cands["m1"].update == 0.4 and cands["m1"].duplicate == 0.1
-    # under the bar, or the bar at 1 (off): the rule's add
-    assert amended(v, {"m1": 0.1}, review, {"m1": 0.69}).action == "add"
-    assert amended(v, {"m1": 0.1}, replace(review, judge_queue=1.0), {"m1": 0.99}).action == "add"
-    # a duplicate wins over an update: the fact is skipped, not queued
-    both = amended(v, {"m1": 0.9}, replace(review, judge_duplicate=0.8), {"m1": 0.95})
-    assert (both.action, both.rule) == ("skip", "judged_duplicate")
-    # strict never queues what its rule adds
-    sv = _verdict(evs, replace(STRICT, judge_queue=0.5))
-    assert amended(sv, {"m1": 0.1}, replace(STRICT, judge_queue=0.5), {"m1": 0.99}).action == "add"
+def test_a_rule_skip_and_a_review_are_left_as_the_rule_made_them() -> None:
+    """The judge's keep and dequeue parts are retired (issue 31): a rule skip is never
+    overturned, and a queued conflict is never stored as new, whatever the probabilities."""
+    skip = _verdict([ev("m1", 0.97, 0.01)])
+    assert (skip.action, skip.rule) == ("skip", "duplicate")
+    assert amended(skip, {"m1": 0.0}, STRICT, {"m1": 0.0}) is skip
+    review_v = _verdict(_conflict(), REVIEW)
+    assert review_v.action == "review"
+    assert amended(review_v, {"m1": 0.0}, replace(REVIEW, judge_veto=0.9), {"m1": 0.0}) is review_v
+    # nor does a review policy queue what its rule adds
+    add = _verdict([ev("m1", 0.82, 0.05)], REVIEW)
+    assert add.action == "add"
+    assert amended(add, {"m1": 0.1}, REVIEW, {"m1": 0.99}).action == "add"
 
 
 def test_review_uncertain_queues_the_replacement_the_judge_holds_back() -> None:
@@ -271,28 +252,15 @@ def test_the_judge_is_off_when_the_policy_says_so() -> None:
     assert amended(v, {"m1": 0.99}, off) is v
 
 
-def _tiny_judge(
-    bar: float = 0.5, veto: float = 0.0, queue: float = 1.0, dequeue: float = 0.0
-) -> Judge:
+def _tiny_judge(bar: float = 0.5, veto: float = 0.0) -> Judge:
     # column 0 is the similarity: the trees call a candidate a duplicate from 0.85 up, and an
     # update (its replacement) from 0.78 up
     x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.5, 1.0, 60)])
     small = BoostSettings(trees=20, max_leaves=2, min_leaf=3, learning_rate=0.5)
     trees = fit(x, (x[:, 0] >= 0.85).astype(float), small)
-    needs = veto or queue < 1 or dequeue
-    updates = fit(x, (x[:, 0] >= 0.78).astype(float), small) if needs else None
+    updates = fit(x, (x[:, 0] >= 0.78).astype(float), small) if veto else None
     models = {"embedder": {"name": "e", "variant": "v", "model_sha256": "1"}, "nli": {}}
-    return Judge(
-        trees,
-        bar,
-        0.05,
-        models,
-        {"note": "synthetic"},
-        updates=updates,
-        veto_bar=veto,
-        queue_bar=queue,
-        dequeue_bar=dequeue,
-    )
+    return Judge(trees, bar, models, {"note": "synthetic"}, updates=updates, veto_bar=veto)
 
 
 def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> None:
@@ -304,7 +272,6 @@ def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> N
         0.82,
         0.99,
         "Dana lives in Leith.",
-        reverse_contradiction=0.99,
         subject="shared",
         attribute=0.9,
     )
@@ -313,7 +280,6 @@ def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> N
         0.66,
         0.99,
         "Dana lives in Leith.",
-        reverse_contradiction=0.99,
         subject="shared",
         attribute=0.9,
     )
@@ -325,57 +291,6 @@ def test_a_fitted_judge_holds_back_a_replacement_through_its_update_trees() -> N
         assert out.candidates[0].update is not None
     with pytest.raises(ValueError, match="update trees"):
         replace(_tiny_judge(), veto_bar=0.3)
-    with pytest.raises(ValueError, match="update trees"):
-        replace(_tiny_judge(), queue_bar=0.8)
-    with pytest.raises(ValueError, match="update trees"):
-        replace(_tiny_judge(), dequeue_bar=0.1)
-
-
-def test_a_fitted_judge_queues_for_review_through_its_update_trees() -> None:
-    judge = _tiny_judge(bar=0.99, queue=0.5)
-    review = judge.policy(REVIEW)
-    assert review.judge_queue == 0.5
-    close = ev("m1", 0.82, 0.05, "Dana lives in Leith.")
-    v = apply_rule([close], review)
-    assert v.action == "add"
-    out = judge.amend(v, [close], "Dana has moved to Portobello.", review)
-    assert (out.action, out.target_id, out.rule) == ("review", "m1", "judged_update")
-    strict = judge.policy(STRICT)
-    assert judge.amend(apply_rule([close], strict), [close], "Dana moved.", strict).action == "add"
-
-
-def test_the_seed_review_stores_a_doubtful_conflict_instead_of_queueing_it() -> None:
-    judge = _tiny_judge(bar=0.99, dequeue=0.5)
-    review = judge.policy(REVIEW)
-    assert review.judge_dequeue == 0.5
-    kw = {"reverse_contradiction": 0.99, "subject": "shared", "attribute": 0.9}
-    near = ev("m1", 0.82, 0.99, "Dana lives in Leith.", **kw)  # an update by the trees
-    far = ev("m1", 0.66, 0.99, "Dana lives in Leith.", **kw)  # not one
-    fact = "Dana lives in Portobello now."
-    v = apply_rule([near], review)
-    assert (v.action, v.target_id) == ("review", "m1")
-    kept = judge.amend(v, [near], fact, review)
-    assert (kept.action, kept.target_id, kept.rule) == ("review", "m1", v.rule)
-    assert kept.candidates[0].update is not None and kept.candidates[0].update >= 0.5
-    v = apply_rule([far], review)
-    assert v.action == "review"
-    out = judge.amend(v, [far], fact, review)
-    assert (out.action, out.target_id, out.rule) == ("add", None, "judged_not_update")
-    assert out.candidates[0].reason.startswith("judged_not_update:")
-    assert not out.candidates[0].passed
-    # off: the bar at 0, the judge off, or review-uncertain (only the seed's review dequeues)
-    for pol in (
-        replace(review, judge_dequeue=0.0),
-        replace(review, judge=False),
-        judge.policy(REVIEW_UNCERTAIN),
-    ):
-        v = apply_rule([far], pol)
-        assert judge.amend(v, [far], fact, pol).action == v.action
-    # amended (what the fit replays) agrees with the gate's amend
-    v = apply_rule([far], review)
-    assert amended(v, {}, review, {"m1": 0.2}).action == "add"
-    assert amended(v, {}, review, {"m1": 0.7}).action == "review"
-    assert amended(v, {}, review, {"m2": 0.0}).action == "review"  # target not judged
 
 
 def test_a_fitted_judge_amends_through_its_own_features() -> None:
@@ -385,7 +300,7 @@ def test_a_fitted_judge_amends_through_its_own_features() -> None:
     v = apply_rule([near, far], STRICT)
     assert v.action == "add"
     pol = judge.policy(STRICT)
-    assert (pol.judge_duplicate, pol.judge_keep) == (0.5, 0.05)
+    assert (pol.judge_duplicate, pol.judge_veto) == (0.5, 0.0)
     out = judge.amend(v, [near, far], "Dana's home is in Leith.", pol)
     assert (out.action, out.target_id) == ("skip", "m1")
     assert {c.memory_id: c.duplicate is not None for c in out.candidates} == {
@@ -418,14 +333,11 @@ def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path:
     assert np.array_equal(back.probabilities(x), judge.probabilities(x))
     assert back.updates is None and back.veto_bar == 0.0
     # with update trees and a veto bar
-    written = replace(_tiny_judge(0.7, veto=0.3, queue=0.8, dequeue=0.1), models=models)
+    written = replace(_tiny_judge(0.7, veto=0.3), models=models)
     save_judge(path, written)
     vetoing = find_judge(tmp_path, emb, nli)
     assert vetoing is not None and vetoing.veto_bar == 0.3 and vetoing.updates is not None
-    assert vetoing.queue_bar == 0.8 and vetoing.dequeue_bar == 0.1
-    assert vetoing.policy(REVIEW).judge_dequeue == 0.1
     assert vetoing.policy(STRICT).judge_veto == 0.3
-    assert vetoing.policy(REVIEW).judge_queue == 0.8
     assert written.updates is not None
     assert np.array_equal(vetoing.updates.probability(x), written.updates.probability(x))
     # another graph of the same names: the judge does not apply to it
@@ -493,11 +405,7 @@ def test_an_edited_or_foreign_judge_file_is_refused(tmp_path: Path) -> None:
 
     # an older engine's judge (format 1, no update trees) is refused by load, and skipped with
     # a warning by the gate (an upgrade leaves one in the cache until `models judge` runs)
-    older = {
-        k: v
-        for k, v in body.items()
-        if k not in ("update_trees", "veto_bar", "queue_bar", "dequeue_bar")
-    }
+    older = {k: v for k, v in body.items() if k not in ("update_trees", "veto_bar")}
     older["format"] = "memgate-judge/1"
     older["judge_sha256"] = manifest_digest({k: v for k, v in older.items() if k != "judge_sha256"})
     models = {
@@ -557,14 +465,8 @@ def test_the_level_by_level_walk_is_the_walk_down_each_tree() -> None:
 def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None:
     from engine.tuning.fit_judge import BAR_GRID, with_bars
 
-    judge = _tiny_judge(bar=0.65, veto=0.3, queue=0.7, dequeue=0.15)
-    bars = {
-        "duplicate_bar": judge.duplicate_bar,
-        "keep_bar": judge.keep_bar,
-        "veto_bar": judge.veto_bar,
-        "queue_bar": judge.queue_bar,
-        "dequeue_bar": judge.dequeue_bar,
-    }
+    judge = _tiny_judge(bar=0.65, veto=0.3)
+    bars = {"duplicate_bar": judge.duplicate_bar, "veto_bar": judge.veto_bar}
     assert set(bars) == set(BAR_GRID)
     for base in (STRICT, REVIEW):
         assert with_bars(base, bars) == judge.policy(base)
@@ -577,7 +479,7 @@ def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
     from engine.runtime.cpu import cpu
-    from engine.tuning.fit_judge import BAR_GRID, OVERWRITE_COST, QUEUE_BUDGET, _up_to_date
+    from engine.tuning.fit_judge import BAR_GRID, OVERWRITE_COST, _up_to_date
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
@@ -592,7 +494,6 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
             "settings": settings.__dict__,
             "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
             "overwrite_cost": OVERWRITE_COST,
-            "queue_budget": QUEUE_BUDGET,
         }
         judge = replace(_tiny_judge(), models=models, provenance=provenance)
         return save_judge(tmp_path / "judge.json", judge)
@@ -644,7 +545,7 @@ def test_models_list_and_verify_cover_the_judge(
     assert cli.main(["models", "verify", "--cache-dir", str(tmp_path)]) == 0
     assert "1/1 artefacts verify" in capsys.readouterr().out
     body = json.loads(path.read_text())
-    path.write_text(json.dumps({**body, "keep_bar": 0.0}))
+    path.write_text(json.dumps({**body, "veto_bar": 0.9}))
     assert cli.main(["models", "verify", "--cache-dir", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH judges/e-v+n-w.json" in out and "0/1 artefacts verify" in out

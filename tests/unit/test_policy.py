@@ -100,17 +100,10 @@ def test_a_much_less_similar_conflict_is_dominated_by_the_fact_s_real_subject() 
     assert (v.action, v.rule) == ("add", "dominated")
 
 
-def test_a_key_match_does_not_exempt_a_candidate_from_dominance() -> None:
-    v = apply_rule([ev("subject", 0.87, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
-    assert (v.action, v.rule) == ("add", "dominated")
-    near = apply_rule([ev("subject", 0.77, 0.30), ev("backup", 0.73, 0.99, key_match=True)], STRICT)
-    assert (near.action, near.target_id) == ("replace", "backup")
-
-
-def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction() -> None:
-    weak = ev("fee", 0.97, 0.70, reverse_contradiction=0.20)
+def test_a_pure_value_change_needs_less_contradiction() -> None:
+    weak = ev("fee", 0.97, 0.70)
     assert apply_rule([weak], STRICT).action == "add"
-    changed = ev("fee", 0.97, 0.70, reverse_contradiction=0.20, value_change=True)
+    changed = ev("fee", 0.97, 0.70, value_change=True)
     assert (apply_rule([changed], STRICT).action, apply_rule([changed], STRICT).target_id) == (
         "replace",
         "fee",
@@ -119,23 +112,6 @@ def test_a_pure_value_change_needs_less_contradiction_and_no_reverse_direction()
     assert apply_rule([far], STRICT).action == "add"
     low = ev("fee", 0.97, 0.30, value_change=True, new_values=True)  # model: compatible
     assert apply_rule([low], STRICT).action == "add"
-
-
-def test_two_stored_addresses_of_the_changed_kind_are_ambiguous() -> None:
-    email = frozenset({"email"})
-    a = ev("work", 0.70, 0.95, key_match=True, changed_kinds=email)
-    b = ev("home", 0.45, 0.96, key_match=True, changed_kinds=email)
-    assert (apply_rule([a, b], STRICT).action, apply_rule([a, b], STRICT).rule) == (
-        "review",
-        "ambiguous_address",
-    )
-    money = frozenset({"money"})  # one price of one attribute: the closer one changes
-    c = ev("price", 0.70, 0.95, key_match=True, changed_kinds=money)
-    d = ev("deposit", 0.45, 0.96, key_match=True, changed_kinds=money)
-    assert (apply_rule([c, d], STRICT).action, apply_rule([c, d], STRICT).target_id) == (
-        "replace",
-        "price",
-    )
 
 
 def test_a_rival_with_a_value_of_the_changed_kind_and_a_nearer_frame_is_reviewed() -> None:
@@ -155,34 +131,6 @@ def test_a_rival_with_a_value_of_the_changed_kind_and_a_nearer_frame_is_reviewed
     assert apply_rule([fee, limit], STRICT.with_overrides({"attribute_margin": 0.3})).action == (
         "replace"
     )
-
-
-def test_key_match_candidate_is_considered_below_the_floor() -> None:
-    v = apply_rule([ev("a", 0.45, 0.9, key_match=True)], STRICT)
-    assert (v.action, v.target_id) == ("replace", "a")
-    assert apply_rule([ev("a", 0.35, 0.9, key_match=True)], STRICT).action == "add"
-
-
-def test_two_stored_values_of_one_attribute_are_ambiguous() -> None:
-    v = apply_rule(
-        [ev("a", 0.93, 0.85, key_match=True), ev("b", 0.90, 0.98, key_match=True)], STRICT
-    )
-    assert (v.action, v.rule) == ("review", "ambiguous_target")
-
-
-def test_sibling_with_key_conflict_is_never_replaced() -> None:
-    v = apply_rule(
-        [ev("return", 0.93, 0.999, key_conflict=True, conflict_reason="qualifier")], STRICT
-    )
-    assert v.action == "add"
-    assert v.candidates[0].reason.startswith("key_conflict")
-
-
-def test_key_match_lowers_the_bar() -> None:
-    plain = apply_rule([ev("a", 0.7, 0.85)], STRICT)
-    keyed = apply_rule([ev("a", 0.7, 0.85, key_match=True)], STRICT)
-    assert plain.action == "add"
-    assert (keyed.action, keyed.rule) == ("replace", "key_match")
 
 
 def test_duplicate_is_checked_before_contradiction() -> None:
@@ -214,6 +162,22 @@ def test_overrides_are_validated() -> None:
         STRICT.with_overrides({"floor": 1.5})
     with pytest.raises(InvalidInput):
         STRICT.with_overrides({"no_such_setting": 1})
+    retired = (  # issue 31: deleted, not switched off; refused like any unknown name
+        "keys",
+        "key_match_contradiction",
+        "key_match_floor",
+        "key_ambiguity_margin",
+        "normalize",
+        "verify_reverse",
+        "reverse_contradiction",
+        "judge_keep",
+        "judge_queue",
+        "judge_dequeue",
+        "old_value",
+    )
+    for name in retired:
+        with pytest.raises(InvalidInput, match="unknown policy override"):
+            STRICT.with_overrides({name: 0})
     with pytest.raises(InvalidInput):
         STRICT.with_overrides({"mode": "replace"})
     with pytest.raises(InvalidInput):
@@ -253,10 +217,7 @@ def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
     )
     for pol in (SEED, SEED_REVIEW):
         switches = (
-            "normalize",
-            "verify_reverse",
             "lexical",
-            "keys",
             "claims",
             "evidence",
             "judge",
@@ -264,10 +225,9 @@ def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
             "dominance",
             "model_bars",
             "time_order",
-            "old_value",
         )
         assert not any(getattr(pol, name) for name in switches), pol.name
-        assert pol.ambiguity_margin == pol.key_ambiguity_margin == 0.0
+        assert pol.ambiguity_margin == 0.0
         assert pol.partial_values == 0
     # a named policy's mechanism switches are all on; the seed's the same fields, all off
     assert all(getattr(STRICT, name) for name in ("duplicates", "dominance", "model_bars"))
@@ -303,14 +263,11 @@ def test_seed_replaces_the_closest_confidently_contradicted_candidate_and_nothin
 
 
 def test_seed_ignores_what_strict_weighs() -> None:
-    """Near-identical, one-way, dominated, unproven: strict holds back; the seed replaces."""
+    """Near-identical, dominated, unproven: strict holds back; the seed replaces."""
     from engine.gate.policy import SEED
 
     identical = ev("a", 0.99, 0.99, entailment=0.9, reverse_entailment=0.9)
     assert apply_rule([identical], SEED).action == "replace"
-    one_way = ev("a", 0.9, 0.99, reverse_contradiction=0.01)
-    assert apply_rule([one_way], STRICT).rule == "no_conflict"
-    assert apply_rule([one_way], SEED).action == "replace"
     dominated = [ev("subject", 0.86, 0.10), ev("other", 0.70, 0.99)]
     assert apply_rule(dominated, STRICT).rule == "dominated"
     assert apply_rule(dominated, SEED).target_id == "other"
@@ -340,7 +297,6 @@ def test_seed_equals_the_published_rule_on_random_evidence() -> None:
                 similarity=rng.choice([rng.random(), 0.6, 0.45, 0.95, 0.99]),
                 contradiction=rng.choice([rng.random(), 0.95, 0.96, 0.999, None]),
                 entailment=rng.choice([None, rng.random()]),
-                reverse_contradiction=rng.choice([None, rng.random()]),
                 reverse_entailment=rng.choice([None, rng.random()]),
             )
             for i in range(rng.randint(0, 6))
@@ -356,24 +312,23 @@ def test_seed_equals_the_published_rule_on_random_evidence() -> None:
 
 
 # -- general update signals (issue 31, item 4) ----------------------------------------------------
-SIGNALS = Policy(time_order=True, old_value=True)
-NO_SIGNALS = Policy(time_order=False, old_value=False)
+SIGNALS = Policy(time_order=True)
+NO_SIGNALS = Policy(time_order=False)
 
 
-def test_time_order_is_on_in_the_named_policies_and_old_value_off() -> None:
+def test_time_order_is_on_in_the_named_policies() -> None:
     """As the pre-registered adoption rule decided (docs/experiments/2026-12-05-gate-v3.md)."""
     for name in ("strict", "review", "review-uncertain"):
-        pol = policy_by_name(name)
-        assert pol.time_order and not pol.old_value, name
+        assert policy_by_name(name).time_order, name
 
 
-def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_check() -> None:
-    dated = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later")
-    assert apply_rule([dated], NO_SIGNALS).rule == "no_conflict"  # one way only: added without it
+def test_a_later_dated_fact_updates_its_subject_s_attribute_at_a_lower_bar() -> None:
+    dated = ev("a", 0.96, 0.90, subject="shared", dated="later")
+    assert apply_rule([dated], NO_SIGNALS).rule == "no_conflict"  # under 0.95: added without it
     v = apply_rule([dated], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("replace", "a", "later_dated")
     assert v.candidates[0].reason == "later_dated"
-    # the bar is the matching attribute's (0.80), not lower
+    # the bar is dated_contradiction (0.80), not lower
     assert apply_rule([ev("a", 0.9, 0.85, subject="shared", dated="later")], SIGNALS).action == (
         "replace"
     )
@@ -384,16 +339,14 @@ def test_a_later_dated_fact_updates_its_subject_s_attribute_past_the_reverse_che
 
 def test_a_dated_fact_about_another_subject_is_never_its_target() -> None:
     for subject in ("disjoint", "apart", "unknown"):
-        lookalike = ev("a", 0.96, 0.99, reverse_contradiction=0.05, subject=subject, dated="later")
+        lookalike = ev("a", 0.96, 0.90, subject=subject, dated="later")
         assert apply_rule([lookalike], SIGNALS).action == "add", subject
-    other_frame = ev(
-        "a", 0.96, 0.99, reverse_contradiction=0.05, subject="shared", dated="later", attribute=0.05
-    )
+    other_frame = ev("a", 0.96, 0.90, subject="shared", dated="later", attribute=0.05)
     assert apply_rule([other_frame], SIGNALS).action == "add"
 
 
 def test_an_earlier_dated_fact_arriving_late_is_added_to_history() -> None:
-    older = ev("a", 0.9, 0.99, reverse_contradiction=0.99, subject="shared", dated="earlier")
+    older = ev("a", 0.9, 0.99, subject="shared", dated="earlier")
     assert apply_rule([older], NO_SIGNALS).action == "replace"
     v = apply_rule([older], SIGNALS)
     assert (v.action, v.target_id, v.rule) == ("add", None, "older_than_target")
@@ -407,28 +360,12 @@ def replace_review(pol: Policy) -> Policy:
     return replace(pol, name="review", mode="review", floor=0.45)
 
 
-def test_a_change_that_names_the_memory_s_value_as_old_is_an_update() -> None:
-    named = ev("a", 0.7, 0.6, reverse_contradiction=0.1, old_value=True, attribute=None)
-    assert apply_rule([named], STRICT).action == "add"
-    v = apply_rule([named], SIGNALS)
-    assert (v.action, v.target_id, v.rule) == ("replace", "a", "old_value")
-    assert apply_rule([ev("a", 0.7, 0.4, old_value=True)], SIGNALS).action == "add"  # bar 0.50
-    for subject in ("disjoint", "apart"):  # the same old value, said of another subject
-        other = ev("a", 0.7, 0.99, old_value=True, subject=subject)
-        assert apply_rule([other], SIGNALS).action == "add", subject
-
-
-def test_the_judge_neither_vetoes_nor_dequeues_a_signalled_update() -> None:
+def test_the_judge_never_vetoes_a_signalled_update() -> None:
     from engine.gate.judge import amended
 
-    strict = Policy(time_order=True, old_value=True, judge_veto=0.5)
-    review = replace_review(Policy(old_value=True, judge_dequeue=0.5))
-    for pol, ev_ in (
-        (strict, ev("a", 0.7, 0.9, old_value=True)),
-        (review, ev("a", 0.7, 0.9, old_value=True)),
-    ):
-        v = apply_rule([ev_], pol)
-        assert v.rule == "old_value"
-        assert amended(v, {}, pol, {"a": 0.01}).action == v.action
+    strict = Policy(time_order=True, judge_veto=0.5)
+    dated = apply_rule([ev("a", 0.9, 0.9, subject="shared", dated="later")], strict)
+    assert dated.rule == "later_dated"
+    assert amended(dated, {}, strict, {"a": 0.01}) == dated
     plain = apply_rule([ev("a", 0.7, 0.99)], strict)
     assert amended(plain, {}, strict, {"a": 0.01}).rule == "judged_not_update"

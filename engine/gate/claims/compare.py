@@ -23,7 +23,6 @@ from engine.gate.overlap import close
 
 __all__ = [
     "beyond_time",
-    "holds_value",
     "adds_beside",
     "changed_kinds",
     "changes_value",
@@ -249,24 +248,3 @@ def beyond_time(memory: Claim, fact: Claim) -> bool:
         return frozenset(v for v in c.values if not v.startswith(_TIME_KINDS))
 
     return rest(memory) != rest(fact) or memory.content != fact.content
-
-
-def holds_value(memory: Claim, old: Claim) -> bool:
-    """The memory holds the value a change names as its old one (``old``, the parsed
-    fragment: "Improved", "lives in Paris", "$10"): its canonical values, when it has any,
-    are all the memory's; otherwise its content words all occur in the memory."""
-    if old.values:
-        return old.values <= memory.values
-    pool = memory.lexicon | memory.content | memory.subject
-    lemmas = old.content | old.subject
-    if lemmas and lemmas <= pool:
-        return True
-    # a fragment parses poorly ("lives in Paris": "lives" read as the noun "life"): its words
-    surface = {w for w in old.lexicon if w.isalpha() and w in old.text.lower()} - _FUNCTION
-    return bool(surface) and surface <= pool
-
-
-_FUNCTION = frozenset(
-    "a an the in on at of to for from with by as is are was were be been being not no".split()
-)
-"""Function words a value fragment may carry ("lives *in* Paris", "*a* vegetarian")."""

@@ -16,24 +16,13 @@ What it may change, and nothing else:
 
 * a fact the rule would **add** is **skipped** when a judged candidate's duplicate probability
   is at least ``Policy.judge_duplicate`` (rule ``judged_duplicate``, that candidate the target);
-* a rule **skip** of a judged candidate whose duplicate probability is below
-  ``Policy.judge_keep`` is **added** instead (rule ``judged_new``): storing a duplicate loses
-  nothing, skipping a new fact loses it;
 * a rule **replace** whose target's update probability is below ``Policy.judge_veto`` is not
   made (rule ``judged_not_update``): strict **adds** the fact beside the memory, a review
   policy **queues** it for a human. A missed update leaves a stale fact that can be noticed; a
-  wrongful overwrite hides a true one;
-* under a **review** policy, a fact the rule would **add** (and the duplicate model does not
-  skip) is **queued** when a judged candidate's update probability reaches
-  ``Policy.judge_queue`` (rule ``judged_update``, that candidate the target): a human sees the
-  update the rule's evidence missed;
-* under the seed's **review** (``review_scope="all"``), a conflict the rule **queues** whose
-  target's update probability is below ``Policy.judge_dequeue`` is **added** instead (rule
-  ``judged_not_update``): the reviewer's time goes to the likelier updates (nothing is
-  replaced either way).
+  wrongful overwrite hides a true one.
 
 It never replaces where the rule did not: the replacements stay the rule's, the judge can only
-hold one back, or put one before a human. Every judged candidate
+hold one back. Every judged candidate
 reports its duplicate probability (``Candidate.duplicate``), a replacement's target its update
 probability (``Candidate.update``).
 
@@ -57,9 +46,10 @@ from engine.gate.policy import UPDATE_SIGNALS, Evidence, Policy, Verdict
 
 __all__ = ["BAR_FIELDS", "FORMAT", "Judge", "VerdictJudge", "amended", "with_bars"]
 
-FORMAT = "memgate-judge/3"
-"""Version 3: the thirteen structure columns of :data:`~engine.gate.judge.features.FEATURES`
-(version 2 files, 32 columns, are skipped as older until refitted)."""
+FORMAT = "memgate-judge/4"
+"""Version 4: two bars (duplicate, veto), the keep, queue and dequeue parts retired (issue 31),
+and the columns of :data:`~engine.gate.judge.features.FEATURES` without the attribute-key ones.
+Older files are skipped as older until refitted."""
 
 
 class VerdictJudge(Protocol):
@@ -75,10 +65,7 @@ class VerdictJudge(Protocol):
 
 BAR_FIELDS: dict[str, str] = {
     "duplicate_bar": "judge_duplicate",
-    "keep_bar": "judge_keep",
     "veto_bar": "judge_veto",
-    "queue_bar": "judge_queue",
-    "dequeue_bar": "judge_dequeue",
 }
 """The policy field each of a judge's bars sets."""
 
@@ -99,8 +86,6 @@ class Judge:
     duplicate_bar: float
     """Probability at or above which a candidate the rule would add beside is a duplicate; the
     named policies' ``judge_duplicate`` (chosen by cross-validation when fitted)."""
-    keep_bar: float
-    """Probability below which a rule's skip is overturned; the named policies' ``judge_keep``."""
     models: Mapping[str, Any] = field(default_factory=dict)
     """The embedder and NLI artefacts it was fitted with: ``{"embedder": {"name", "variant",
     "model_sha256"}, "nli": {...}}``."""
@@ -113,12 +98,6 @@ class Judge:
     veto_bar: float = 0.0
     """Update probability below which a rule's replacement is held back; the named policies'
     ``judge_veto`` (0: none)."""
-    queue_bar: float = 1.0
-    """Update probability at or above which a review policy queues a fact the rule would add;
-    the named policies' ``judge_queue`` (1: none)."""
-    dequeue_bar: float = 0.0
-    """Update probability below which the seed's review stores as new a conflict the rule
-    queues; the named policies' ``judge_dequeue`` (0: none)."""
     seal: str = ""
     """The judge file's ``judge_sha256`` when loaded from one (empty for a judge in memory)."""
 
@@ -129,56 +108,38 @@ class Judge:
                     f"judge {name} trees read {trees.n_features} features; this engine has "
                     f"{len(FEATURES)}"
                 )
-        for name in ("duplicate_bar", "keep_bar", "veto_bar", "queue_bar", "dequeue_bar"):
+        for name in ("duplicate_bar", "veto_bar"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"judge {name} must be in [0, 1]")
-        if self.updates is None and (
-            self.veto_bar > 0 or self.queue_bar < 1 or self.dequeue_bar > 0
-        ):
-            raise ValueError("judge veto_bar, queue_bar and dequeue_bar need update trees")
+        if self.updates is None and self.veto_bar > 0:
+            raise ValueError("judge veto_bar needs update trees")
 
     def probabilities(self, rows: np.ndarray) -> np.ndarray:
         return self.trees.probability(rows)
 
     def policy(self, policy: Policy) -> Policy:
         """``policy`` with this judge's bars (a named policy runs with them)."""
-        return with_bars(
-            policy,
-            {
-                "duplicate_bar": self.duplicate_bar,
-                "keep_bar": self.keep_bar,
-                "veto_bar": self.veto_bar,
-                "queue_bar": self.queue_bar,
-                "dequeue_bar": self.dequeue_bar,
-            },
-        )
+        return with_bars(policy, {"duplicate_bar": self.duplicate_bar, "veto_bar": self.veto_bar})
 
     def amend(
         self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
     ) -> Verdict:
         """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, and for a
-        review except the seed's dequeue); ``evidence`` is every candidate the rule saw, ``fact``
+        review, a skip or an ambiguity); ``evidence`` is every candidate the rule saw, ``fact``
         the fact's text."""
         action = verdict.action
-        if not policy.judge or action not in ("add", "skip", "replace", "review"):
-            return verdict
-        has = self.updates is not None
-        veto = has and action == "replace" and policy.judge_veto > 0
-        queue = has and action == "add" and policy.mode == "review" and policy.judge_queue < 1
-        dequeue = has and action == "review" and _dequeues(policy)
-        if action in ("replace", "review") and not (veto or dequeue):
+        veto = action == "replace" and self.updates is not None and policy.judge_veto > 0
+        if not policy.judge or not (action == "add" or veto):
             return verdict
         chosen, rows = features(evidence, fact, policy.floor)
         if not chosen:
             return verdict
         ids = [e.memory_id for e in chosen]
-        update = None
-        if (veto or queue or dequeue) and self.updates is not None:
+        if veto and self.updates is not None:
             update = dict(zip(ids, map(float, self.updates.probability(rows)), strict=True))
-        if action in ("replace", "review"):
             return amended(verdict, {}, policy, update)
         probs = self.probabilities(rows)
-        return amended(verdict, dict(zip(ids, map(float, probs), strict=True)), policy, update)
+        return amended(verdict, dict(zip(ids, map(float, probs), strict=True)), policy)
 
     def describe(self) -> str:
         emb, nli = self.models.get("embedder", {}), self.models.get("nli", {})
@@ -195,26 +156,16 @@ def amended(
     policy: Policy,
     update: Mapping[str, float] | None = None,
 ) -> Verdict:
-    """``verdict`` amended by the judged candidates' duplicate probabilities and update
-    probabilities (memory id -> probability, most similar first; the update ones read for a
-    replacement's veto, a review's queue and its dequeue): pure, so a fit can replay it over
-    remembered verdicts."""
+    """``verdict`` amended by the judged candidates' duplicate probabilities (read for an add)
+    and update probabilities (read for a replacement's veto), memory id -> probability, most
+    similar first: pure, so a fit can replay it over remembered verdicts."""
     if not policy.judge:
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule
     note: dict[str, str] = {}
-    if action in ("review", "replace") and rule.split("+")[0] in UPDATE_SIGNALS:
-        return verdict  # positive evidence of an update: neither vetoed nor dequeued
-    if action == "review":
-        if not update or not _dequeues(policy) or target is None or target not in update:
-            return verdict
-        if update[target] >= policy.judge_dequeue:
-            return _noted(verdict, {}, {target: update[target]}, note)
-        note[target] = detailed(Reason.JUDGED_NOT_UPDATE, f"{update[target]:.2f}")
-        return _noted(
-            Verdict("add", None, str(Rule.JUDGED_NOT_UPDATE), verdict.candidates), {}, update, note
-        )
     if action == "replace":
+        if rule.split("+")[0] in UPDATE_SIGNALS:
+            return verdict  # positive evidence of an update: never vetoed
         if not update or policy.judge_veto <= 0 or target is None or target not in update:
             return verdict  # a target the judge did not read (below the floor, not closest)
         if update[target] >= policy.judge_veto:
@@ -226,29 +177,13 @@ def amended(
         else:
             action, target = "add", None
         return _noted(Verdict(action, target, rule, verdict.candidates), {}, update, note)
-    if action not in ("add", "skip") or not duplicate:
+    if action != "add" or not duplicate:
         return verdict
-    queue = update if action == "add" and policy.mode == "review" and policy.judge_queue < 1 else {}
-    if action == "add":
-        best = max(duplicate, key=lambda k: duplicate[k])  # the first of equals: most similar
-        if duplicate[best] >= policy.judge_duplicate:
-            action, target, rule = "skip", best, str(Rule.JUDGED_DUPLICATE)
-            note[best] = detailed(Reason.JUDGED_DUPLICATE, f"{duplicate[best]:.2f}")
-        elif queue:
-            likely = max(queue, key=lambda k: queue[k])
-            if queue[likely] >= policy.judge_queue:
-                action, target, rule = "review", likely, str(Rule.JUDGED_UPDATE)
-                note[likely] = detailed(Reason.JUDGED_UPDATE, f"{queue[likely]:.2f}")
-    elif target is not None and target in duplicate and duplicate[target] < policy.judge_keep:
-        note[target] = detailed(Reason.JUDGED_NEW, f"{duplicate[target]:.2f}")
-        action, target, rule = "add", None, str(Rule.JUDGED_NEW)
-    return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, queue or {}, note)
-
-
-def _dequeues(policy: Policy) -> bool:
-    """The seed's review (every conflict queued) with a dequeue bar: a queued conflict the
-    judge doubts is an update is stored as new."""
-    return policy.mode == "review" and policy.review_scope == "all" and policy.judge_dequeue > 0
+    best = max(duplicate, key=lambda k: duplicate[k])  # the first of equals: most similar
+    if duplicate[best] >= policy.judge_duplicate:
+        action, target, rule = "skip", best, str(Rule.JUDGED_DUPLICATE)
+        note[best] = detailed(Reason.JUDGED_DUPLICATE, f"{duplicate[best]:.2f}")
+    return _noted(Verdict(action, target, rule, verdict.candidates), duplicate, {}, note)
 
 
 def _noted(

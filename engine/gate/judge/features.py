@@ -8,12 +8,10 @@ whether they differ on the subject side or in what is said of it, whose and whic
 subject is) and of their word sequences (how many stretches differ and where the first begins).
 No word list; nothing from the labels.
 
-Judged candidates are the most similar ``JUDGED`` at or above the policy's floor, siblings
-left out: a duplicate is nearly always one of the closest memories (the closest for 95% of the
-duplicates of the ten read sets, the second for 5%), these are the candidates the gate has
-already scored with the model and parsed, and a memory whose attribute key conflicts with the
-fact's (the return leg, the other child) is another attribute, whose "duplicate" would be a
-fact lost (12 of the 355 duplicates of those sets had such a key, against 544 other candidates).
+Judged candidates are the most similar ``JUDGED`` at or above the policy's floor: a duplicate is
+nearly always one of the closest memories (the closest for 95% of the duplicates of the ten read
+sets, the second for 5%), and these are the candidates the gate has already scored with the
+model and parsed.
 """
 
 from __future__ import annotations
@@ -40,7 +38,6 @@ FEATURES: tuple[str, ...] = (
     "above_next",
     "contradiction_logit",
     "contradiction_known",
-    "key_match",
     "other_subject",
     "other_instance",
     "contained",
@@ -95,9 +92,9 @@ def _logit(p: float | None) -> float:
 
 def judged(evidence: Sequence[Evidence], floor: float) -> list[Evidence]:
     """The candidates the judge reads: of the ``JUDGED`` most similar, those at or above
-    ``floor`` and not siblings (``key_conflict``)."""
+    ``floor``."""
     ranked = sorted(evidence, key=lambda e: -e.similarity)
-    return [e for e in ranked[:JUDGED] if e.similarity >= floor and not e.key_conflict]
+    return [e for e in ranked[:JUDGED] if e.similarity >= floor]
 
 
 def _overlap(a: frozenset[str], b: frozenset[str]) -> float:
@@ -175,13 +172,8 @@ def features(
     rows = []
     top = ranked[0].similarity if ranked else 0.0
     for i, e in enumerate(chosen):
-        # above_next: the gap to the memory ranked just below the i-th judged candidate's
-        # *judged* position, which is its own next neighbour unless a sibling (left out of the
-        # judged) ranks above it; then it reads the gap to itself (0) or to a sibling above it
-        # (negative), so it also tells the trees that a sibling outranks the candidate. Taking
-        # the true neighbour instead was measured twice and not adopted (session 14: wrongful
-        # overwrites 70 -> 84 nested; session 15, with explicit sibling and contradiction
-        # context columns: 70 -> 73, net +2). Fit and gate compute it alike.
+        # above_next: the gap to the memory ranked just below (the judged are the closest, in
+        # order, so the i-th judged is the i-th ranked). Fit and gate compute it alike.
         after = ranked[i + 1].similarity if i + 1 < len(ranked) else 0.0
         rows.append(
             [
@@ -191,7 +183,6 @@ def features(
                 e.similarity - after,
                 _logit(e.contradiction),
                 float(e.contradiction is not None),
-                float(e.key_match),
                 float(e.mismatch == "other_subject"),
                 float(e.mismatch == "other_instance"),
                 float(e.contained),

@@ -67,14 +67,11 @@ def save_judge(path: Path, judge: Judge) -> Path:
         "format": FORMAT,
         "features": list(FEATURES),
         "duplicate_bar": judge.duplicate_bar,
-        "keep_bar": judge.keep_bar,
         "models": dict(judge.models),
         "provenance": dict(judge.provenance),
         "trees": judge.trees.to_dict(),
         "update_trees": None if judge.updates is None else judge.updates.to_dict(),
         "veto_bar": judge.veto_bar,
-        "queue_bar": judge.queue_bar,
-        "dequeue_bar": judge.dequeue_bar,
     }
     body[SEAL] = manifest_digest({k: v for k, v in body.items() if k != SEAL})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,11 +113,8 @@ def load_judge(path: Path) -> Judge:
         return Judge(
             Boost.from_dict(body["trees"]),
             duplicate_bar=float(body["duplicate_bar"]),
-            keep_bar=float(body["keep_bar"]),
             updates=None if body["update_trees"] is None else Boost.from_dict(body["update_trees"]),
             veto_bar=float(body["veto_bar"]),
-            queue_bar=float(body["queue_bar"]),
-            dequeue_bar=float(body["dequeue_bar"]),
             models=body.get("models") or {},
             provenance=body.get("provenance") or {},
             seal=str(body[SEAL]),
