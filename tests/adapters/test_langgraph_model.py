@@ -133,9 +133,7 @@ def test_langmem_store_manager_writes_through_the_gate(real_engine: LocalEngine)
     [d] = store.decisions
     assert d.action == "replace" and d.decision is not None
     assert d.decision.fact.text == "Alice moved to Austin."
-    assert [it.value["content"]["content"] for it in store.search(NS)] == [
-        "Alice moved to Austin."
-    ]
+    assert [it.value["content"]["content"] for it in store.search(NS)] == ["Alice moved to Austin."]
 
 
 def test_review_policy_queues_then_accept_writes(real_engine: LocalEngine) -> None:
