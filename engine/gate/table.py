@@ -292,7 +292,7 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         Rule.JUDGED_DUPLICATE,
-        "the rule adds, the judge calls a candidate a restatement",
+        "the rule adds, the judge calls a candidate a restatement (off where its fit sets the bar to 1)",
         "skip",
         "skip",
         Example(
@@ -300,6 +300,7 @@ ROWS: tuple[Row, ...] = (
             Entry("The user likes tea more than coffee."),
             "skip",
             target=0,
+            overrides={"judge_duplicate": 0.8},
         ),
     ),
 )
