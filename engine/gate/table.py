@@ -292,7 +292,7 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         Rule.JUDGED_DUPLICATE,
-        "the rule adds, the judge calls a candidate a restatement (off where its fit sets the bar to 1)",
+        "the rule adds, the judge calls a candidate a restatement (off where fitted to bar 1)",
         "skip",
         "skip",
         Example(
