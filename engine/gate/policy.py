@@ -153,11 +153,6 @@ class Policy:
     dominance: bool = True
     """Add a fact whose passing candidate is ``dominance_margin`` less similar than the best
     non-conflicting one (the fact is about that memory). Off: no dominance test."""
-    review_subject: bool = False
-    """Review: a best candidate whose subject identify calls ``disjoint`` or ``apart`` (another
-    subject, never a target, as strict holds) is not queued; the fact is added (rule
-    ``unproven``). Off while its pre-registered adoption rule is measured
-    (docs/experiments/2026-12-05-review-subject.md)."""
     model_bars: bool = True
     """A named policy takes the served NLI model's thresholds (:mod:`engine.gate.thresholds`)
     and the judge's bars. Off (the seed policies): the policy's own figures are served as
@@ -458,9 +453,6 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("review", best.memory_id, partial_rule(rule))
     unproven = best.proven(policy) if policy.evidence else ""
     if policy.mode == "review":
-        if policy.review_subject and unproven in _OTHER_SUBJECT:
-            reasons[best.memory_id] = (False, detailed(Reason.UNPROVEN, unproven))
-            return out("add", None, Rule.UNPROVEN)
         confident = best.similarity >= policy.auto_floor
         if policy.review_scope == "uncertain" and confident and not unproven:
             return out("replace", best.memory_id, confident_rule(rule))
@@ -474,9 +466,6 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
 UPDATE_SIGNALS = frozenset({Rule.LATER_DATED})
 """Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
 judge neither vetoes nor dequeues them."""
-
-_OTHER_SUBJECT = frozenset({"subject_disjoint", "subject_apart"})
-"""What :meth:`Evidence.proven` says of a candidate about another subject."""
 
 
 def _is_duplicate(ev: Evidence, policy: Policy) -> bool:

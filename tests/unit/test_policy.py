@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidInput
-from engine.gate.names import Subject
 from engine.gate.policy import (
     REVIEW,
     REVIEW_UNCERTAIN,
@@ -64,24 +63,6 @@ def test_review_queues_every_conflict_and_replaces_nothing() -> None:
     for sim in (0.5, 0.8, 0.99):
         v = apply_rule([ev("a", sim, 0.99)], REVIEW)
         assert (v.action, v.target_id) == ("review", "a")
-
-
-@pytest.mark.parametrize("subject", [Subject.DISJOINT, Subject.APART])
-def test_review_subject_adds_a_conflict_of_another_subject_instead_of_queueing_it(
-    subject: Subject,
-) -> None:
-    other = ev("other", 0.8, 0.99, subject=subject)
-    assert apply_rule([other], REVIEW).action == "review"  # off: queued whatever the subject
-    on = REVIEW.with_overrides({"review_subject": True})
-    v = apply_rule([other], on)
-    assert (v.action, v.target_id, v.rule) == ("add", None, "unproven")
-    assert v.candidates[0].reason == f"unproven:subject_{subject}"
-    # the same subject, or one not named, is still queued
-    for kept in (Subject.SHARED, Subject.UNKNOWN):
-        assert apply_rule([ev("a", 0.8, 0.99, subject=kept)], on).action == "review"
-    # strict is untouched by the switch
-    strict_on = STRICT.with_overrides({"review_subject": True})
-    assert apply_rule([other], strict_on) == apply_rule([other], STRICT)
 
 
 def test_partial_contradiction_of_a_multi_claim_memory_is_reviewed_even_under_strict() -> None:
