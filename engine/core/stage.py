@@ -107,11 +107,15 @@ class Budget:
 class StageSettings:
     """The model stage's budgets, one per model (``bench_stage_budget.py`` measured them)."""
 
-    nli: Budget = field(default_factory=lambda: Budget(tokens=8192, chunk_tokens=2048))
-    """Pair tokens (premise + hypothesis). 2,048 is about 64 memory-like pairs (~30 tokens)
-    or 13 pairs at the int8 NLI model's 160-token limit: about 0.5 s of a 2-core CPU."""
+    nli: Budget = field(default_factory=lambda: Budget(tokens=4096, chunk_tokens=2048))
+    """Pair tokens (premise + hypothesis). A trip of 2,048 is about 130 memory-like pairs
+    (~16 tokens) or 13 pairs at the int8 NLI model's 160-token limit, about a sub-batch; a
+    merged call of 4,096 still fills many sub-batches of short pairs, and on a loaded 2-core
+    Xeon (about 0.6-0.9 ms a pair token) keeps a short call's wait behind long ones near 3 s
+    where 256 long pairs would hold the model for 38 s."""
     embedding: Budget = field(default_factory=lambda: Budget(tokens=16384, chunk_tokens=4096))
-    """Text tokens. The embedder costs about a tenth of the NLI model per token."""
+    """Text tokens. The embedder (6 layers, 384 wide) costs a small fraction of the NLI model
+    per token, so its budget is larger."""
 
     def __post_init__(self) -> None:
         for name in ("nli", "embedding"):
