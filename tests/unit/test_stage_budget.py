@@ -222,3 +222,18 @@ def test_stage_settings_are_type_checked() -> None:
         StageSettings(nli=8192)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput, match="stage must be a StageSettings"):
         CoreSettings(stage=None)  # type: ignore[arg-type]
+
+
+def test_the_serve_flag_sets_the_nli_budget_and_refuses_a_bad_one() -> None:
+    from engine.cli import build_parser
+    from engine.cli.serve import settings_from_args
+
+    def server(*flags: str) -> Any:
+        return settings_from_args(build_parser().parse_args(["serve", *flags]))[1]
+
+    got = server("--nli-call-tokens", "1000")
+    assert got.stage.nli == Budget(tokens=1000, chunk_tokens=500)
+    assert got.stage.embedding == StageSettings().embedding
+    assert server().stage == StageSettings()  # the flag's default is the shipped budget
+    with pytest.raises(SystemExit):
+        server("--nli-call-tokens", "8")
