@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
         names = list(ARMS)
         for ax, key, label in (
-            (axes[0], "pairs_per_s", "pairs/s (higher is better)"),
+            (axes[0], "tokens_per_s", "pair tokens/s (higher is better)"),
             (axes[1], "short_p99_s", "short-call p99 latency, s (lower is better)"),
         ):
             for i, name in enumerate(names):

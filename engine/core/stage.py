@@ -109,10 +109,10 @@ class StageSettings:
 
     nli: Budget = field(default_factory=lambda: Budget(tokens=4096, chunk_tokens=2048))
     """Pair tokens (premise + hypothesis). A trip of 2,048 is about 130 memory-like pairs
-    (~16 tokens) or 13 pairs at the int8 NLI model's 160-token limit, about a sub-batch; a
-    merged call of 4,096 still fills many sub-batches of short pairs, and on a loaded 2-core
-    Xeon (about 0.6-0.9 ms a pair token) keeps a short call's wait behind long ones near 3 s
-    where 256 long pairs would hold the model for 38 s."""
+    (~16 tokens) or 13 pairs at the int8 NLI model's 160-token limit, near its sub-batch of
+    16; a merged call of 4,096 still fills many sub-batches of short pairs. On a loaded 2-core
+    Xeon (0.6-1.1 ms a pair token) a short call then waits behind long ones for seconds, where
+    256 long pairs held the model for about 40 s (``bench_stage_budget.py``)."""
     embedding: Budget = field(default_factory=lambda: Budget(tokens=16384, chunk_tokens=4096))
     """Text tokens. The embedder (6 layers, 384 wide) costs a small fraction of the NLI model
     per token, so its budget is larger."""
