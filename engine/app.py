@@ -69,7 +69,7 @@ def build_engine(
     gate_settings = getattr(gate, "settings", None) or GateSettings()
     policy = getattr(gate, "policy", None)
     encode = getattr(getattr(gate, "embedder", None), "encode_items", None)
-    stage = ModelStage()
+    stage = ModelStage((settings or CoreSettings()).stage)
     models = stage_models(gate, stage)
     return CoreEngine(
         gate,

@@ -145,6 +145,14 @@ def register(sub: Any) -> None:
         "without a forward finishing, 0.1-3600",
     )
     p.add_argument(
+        "--nli-call-tokens",
+        type=int,
+        default=4096,
+        help="most pair tokens (premise + hypothesis) of one NLI model call, merged across "
+        "lanes; a lane's call goes in trips of half of it, so short calls wait behind at most "
+        "that much of a long one, 32-16777216",
+    )
+    p.add_argument(
         "--exact-tokens",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -165,6 +173,7 @@ def register(sub: Any) -> None:
 def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(EngineSettings, ServerSettings, tokens) for ``args``; a bad flag is a usage error."""
     from engine.core.queue import QueueSettings
+    from engine.core.stage import Budget, StageSettings
     from engine.gate.gate import GateSettings
     from engine.server.auth import parse_tokens
     from engine.server.convert import Limits
@@ -173,6 +182,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     if not 1 <= args.max_text_bytes <= 1_000_000:
         usage_error(PROG, "--max-text-bytes must be in [1, 1000000]")
+    if not 32 <= args.nli_call_tokens <= 1 << 24:
+        usage_error(PROG, "--nli-call-tokens must be in [32, 16777216]")
     if bool(args.tls_cert) != bool(args.tls_key):
         usage_error(PROG, "--tls-cert and --tls-key go together")
     if args.mcp and args.http_port is None:
@@ -196,6 +207,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         expiry_interval_s=args.expiry_interval or None,
         lanes=args.lanes,
         stall_s=args.stall_timeout,
+        stage=StageSettings(
+            nli=Budget(tokens=args.nli_call_tokens, chunk_tokens=args.nli_call_tokens // 2)
+        ),
         grace_s=args.grace,
         reflection=args.reflection,
         metrics_port=args.metrics_port,

@@ -23,13 +23,14 @@ from engine.core.engine import (
 )
 from engine.core.queue import Batch, Entry, QueueSettings, TokenBudgetQueue, estimate_tokens
 from engine.core.results import Recalled, Streamed, Timings, Triaged
-from engine.core.stage import ModelStage, Staged
+from engine.core.stage import Budget, ModelStage, Staged, StageSettings
 from engine.core.sync import SyncEngine
 
 __all__ = [
     "RECALL",
     "Batch",
     "Batcher",
+    "Budget",
     "CoreSettings",
     "Engine",
     "Entry",
@@ -41,6 +42,7 @@ __all__ = [
     "QueueSettings",
     "Recalled",
     "Served",
+    "StageSettings",
     "Staged",
     "Streamed",
     "SyncEngine",

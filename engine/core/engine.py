@@ -60,7 +60,7 @@ from engine.core.admission import Permits
 from engine.core.batcher import Batcher, Served, refusal
 from engine.core.queue import Batch, QueueSettings, estimate_tokens
 from engine.core.results import Recalled, Streamed, Timings, Triaged, split
-from engine.core.stage import ModelStage
+from engine.core.stage import ModelStage, StageSettings
 from engine.errors import InvalidInput, MemgateError, Overloaded, StorageError, Unavailable
 from engine.lifecycle import AsOf, Hidden
 from engine.types import Decision, Event, Fact, Memory, ValidFacts
@@ -181,6 +181,9 @@ class CoreSettings:
     stall_s: float = 30.0
     """The model thread is *stalled* when work has waited on it this long without a forward
     finishing (:attr:`Engine.stalled`); the server then reports NOT_SERVING."""
+    stage: StageSettings = field(default_factory=StageSettings)
+    """The model stage's budgets per model: pair tokens for the NLI model, text tokens for the
+    embedder, per merged model call and per trip of one lane's call (``engine.core.stage``)."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -200,6 +203,7 @@ class CoreSettings:
             (1 <= self.io_threads <= 256, "io_threads must be in [1, 256]"),
             (1 <= self.lanes <= 256, "lanes must be in [1, 256]"),
             (0.1 <= self.stall_s <= 3600.0, "stall_s must be in [0.1, 3600] seconds"),
+            (isinstance(self.stage, StageSettings), "stage must be a StageSettings"),
         ]
         for ok, message in checks:
             if not ok:
@@ -402,7 +406,7 @@ class Engine:
         self.permits = Permits(
             s.max_queued_facts, max_delay_s=s.max_queue_delay_s, min_limit=s.min_admitted_facts
         )
-        self.stage = stage or ModelStage()
+        self.stage = stage or ModelStage(s.stage)
         """The model thread; the edge routes the gate's forwards to it (``engine.app``)."""
         self._lanes = ThreadPoolExecutor(s.lanes, thread_name_prefix="memgate-lane")
         self._io: Executor = ThreadPoolExecutor(s.io_threads, thread_name_prefix="memgate-store")

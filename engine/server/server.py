@@ -27,7 +27,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from engine.app import build_engine
-from engine.core import Batcher, CoreSettings, ModelDone, ModelWork, Permits, QueueSettings
+from engine.core import (
+    Batcher,
+    CoreSettings,
+    ModelDone,
+    ModelWork,
+    Permits,
+    QueueSettings,
+    StageSettings,
+)
 from engine.errors import InvalidInput, StorageError, Unavailable
 from engine.server.auth import Auth
 from engine.server.convert import Limits
@@ -88,6 +96,8 @@ class ServerSettings:
     stall_s: float = 30.0
     """Health turns NOT_SERVING when work has waited this long on the model thread without a
     forward finishing (``CoreSettings.stall_s``)."""
+    stage: StageSettings = field(default_factory=StageSettings)
+    """The model stage's token budgets per model (``CoreSettings.stage``)."""
     grace_s: float = 10.0
     """On shutdown, how long in-flight calls may run before they are cancelled."""
     reflection: bool = False
@@ -231,6 +241,7 @@ class MemgateServer:
             expiry_interval_s=s.expiry_interval_s,
             lanes=s.lanes,
             stall_s=s.stall_s,
+            stage=s.stage,
         )
         self.engine = build_engine(
             gate,

@@ -103,6 +103,34 @@ def test_staged_models_score_exactly_as_the_runtimes_do(models: tuple[Any, Any])
     assert stage.forwards == 2
 
 
+def test_staged_calls_cut_and_merged_by_pair_tokens_score_exactly(models: tuple[Any, Any]) -> None:
+    # Long and short pairs from two lanes at once under a small pair-token budget: the long
+    # call goes in several trips, merged with the short one where it fits, and every row is
+    # what one direct call gives (row invariance; the stage only regroups rows).
+    from engine.core.stage import Budget, ModelStage, StageSettings
+
+    _, nli = models
+    paragraph = " ".join(f"In {2000 + i} the user moved house and changed jobs." for i in range(30))
+    long = [(paragraph, f"The user moved in {2000 + i}.") for i in range(12)]
+    short = [(f"The user owns {i} cats.", f"The user owns {i % 3} cats.") for i in range(12)]
+    stage = ModelStage(StageSettings(nli=Budget(tokens=512, chunk_tokens=400)))
+    staged = Staged(nli, stage)
+    out: dict[str, Any] = {}
+    try:
+        lanes = [
+            threading.Thread(target=lambda k=k, p=p: out.__setitem__(k, staged.score(p)))
+            for k, p in (("long", long), ("short", short))
+        ]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join(120)
+    finally:
+        stage.close()
+    assert (out["long"] == nli.score(long)).all() and (out["short"] == nli.score(short)).all()
+    assert stage.forwards >= len(long) * max(len(e.ids) for e in nli.encode(long)) // 512
+
+
 def test_a_live_holder_renews_its_namespace_lock_past_the_idle_bound(pg_dsn: str) -> None:
     # The decision's model work runs between the lock and the commit with no statement on the
     # held connection; the lease heartbeat keeps PostgreSQL's idle-in-transaction bound (here

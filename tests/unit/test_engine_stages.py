@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from engine.core import CoreSettings, Engine, Entry, QueueSettings, TokenBudgetQueue, Triaged
-from engine.core.stage import ModelStage, Staged
+from engine.core.stage import Budget, ModelStage, Staged
 from engine.errors import InvalidInput, NamespaceBusy, Unavailable
 from engine.types import Decision, Fact
 
@@ -312,7 +312,7 @@ def test_calls_waiting_together_share_one_model_call_and_large_calls_go_in_piece
     clock = FakeClock()
     stage = ModelStage(clock=clock)
     model = SplitModel(clock, cost=1.0)
-    staged = Staged(model, stage, chunk=4)
+    staged = Staged(model, stage, budget=Budget(tokens=1024, chunk_tokens=1024, chunk_items=4))
     release = threading.Event()
     try:
         holder = threading.Thread(target=stage.run, args=(release.wait, 10))
@@ -340,9 +340,12 @@ def test_calls_waiting_together_share_one_model_call_and_large_calls_go_in_piece
             t.join(10)
         assert sorted(map(sorted, model.calls)) == [["a1", "a22", "b333"]]  # one merged call
         assert got["a"][:, 0].tolist() == [2.0, 3.0] and got["b"][:, 0].tolist() == [4.0]
-        assert charges["a"] == pytest.approx(2.0) and charges["b"] == pytest.approx(1.0)
+        # 3 s of forward shared by tokens: a has 2 + 3 of the call's 9, b has 4
+        assert charges["a"] == pytest.approx(3.0 * 5 / 9) and charges["b"] == pytest.approx(
+            3.0 * 4 / 9
+        )
         model.calls.clear()
-        big = staged.embed([f"t{i}" for i in range(10)])  # chunk 4: three trips
+        big = staged.embed([f"t{i}" for i in range(10)])  # chunk_items 4: three trips
         assert [len(c) for c in model.calls] == [4, 4, 2] and big.shape == (10, 2)
     finally:
         release.set()
