@@ -273,10 +273,10 @@ def _fmt_span(relative: Mapping[str, Any]) -> str:
     return f"{relative['narrowed']} position products narrowed (span {relative['span']})"
 
 
-TRIM_ATOL = {"fp32": 1e-4, "int8": 0.05}
-"""Largest logit change the trim (:mod:`engine.pipeline.trim`) may cause on the check set, per
-variant. fp32 graphs move by float rounding only (measured <= 4e-7); int8 graphs re-round each
-row's activations, so a last-bit change can move one quantisation step (measured <= 6e-3)."""
+TRIM_ATOL = 1e-5
+"""Largest logit change the trim (:mod:`engine.pipeline.trim`) may cause on the check set. It
+removes work without changing what is computed: measured bit-identical on every NLI graph the
+pipeline builds (fp32 and rowwise int8, aegis included)."""
 TRIM_BARS = (0.5, 0.8, 0.95)
 """Contradiction bars at which the trimmed graph must decide as the untrimmed one."""
 
@@ -286,28 +286,27 @@ def _trim(
     out: Path,
     run: Callable[[Path], np.ndarray],
     *,
-    atol: float,
     contradiction: int | None,
-) -> dict[str, Any]:
+) -> tuple[Path, dict[str, Any]]:
     """Trim ``path`` into ``out`` (:func:`engine.pipeline.trim.trim_graph`) and check it: both
     graphs run on the check set through ``run(path) -> logits``; the logits may differ by
-    ``atol`` at most, the argmax never and (with a ``contradiction`` label index) no pair may
-    cross a :data:`TRIM_BARS` bar. Raises :class:`ModelError` otherwise; returns the record
-    for the manifest (settings and figures). A graph with nothing to trim is copied as is."""
+    :data:`TRIM_ATOL` at most, the argmax never and (with a ``contradiction`` label index) no
+    pair may cross a :data:`TRIM_BARS` bar. Returns the graph to publish and the record for
+    the manifest: the trimmed graph when it passes, else the untrimmed one, with the figures
+    and ``applied`` false (a graph with nothing to trim is kept as it is)."""
     from engine.pipeline.trim import trim_graph
 
     settings = trim_graph(path, out)
     changed = sum(settings[k] for k in ("relative", "scale", "absmax"))
     if not changed:
-        return {**settings, "checked": False, "reason": "nothing matched: the graph is unchanged"}
+        return path, {**settings, "applied": False, "reason": "nothing matched"}
     before, after = run(path), run(out)
     figures = checks.compare(after, before, task="nli")
     record: dict[str, Any] = {
         **settings,
-        "checked": True,
         "against": "the same graph untrimmed",
         "check_set": checks.CHECK_SET_ID,
-        "atol": atol,
+        "atol": TRIM_ATOL,
         **figures,
     }
     if contradiction is not None:
@@ -319,20 +318,23 @@ def _trim(
         p, q = probs(after), probs(before)
         record["flips"] = {str(t): int(((p > t) != (q > t)).sum()) for t in TRIM_BARS}
     flips = sum(record.get("flips", {}).values())
-    if figures["max_abs_diff"] > atol or figures.get("argmax_agreement", 1.0) < 1.0 or flips:
-        raise ModelError(
-            f"the trimmed graph of {path.name} does not score as the untrimmed one: "
-            f"max|Δ logit| {figures['max_abs_diff']:.2e} (atol {atol:g}), argmax agreement "
-            f"{figures.get('argmax_agreement')}, flips {record.get('flips')}"
-        )
-    return record
+    ok = (
+        figures["max_abs_diff"] <= TRIM_ATOL
+        and figures.get("argmax_agreement", 1.0) == 1.0
+        and not flips
+    )
+    record["applied"] = ok
+    if not ok:
+        record["reason"] = "scores moved on the check set: the untrimmed graph is published"
+    return (out if ok else path), record
 
 
 def _fmt_trim(record: Mapping[str, Any]) -> str:
-    if not record.get("checked"):
+    if "max_abs_diff" not in record:
         return "nothing to trim"
     return (
         f"{record['relative']} relative-position chains, {record['scale']} scales, "
         f"{record['absmax']} abs-max; max|Δ| vs untrimmed {record['max_abs_diff']:.1e} "
-        f"(atol {record['atol']:g}), flips {record.get('flips', {})}"
+        f"(atol {record['atol']:g}), flips {record.get('flips', {})}: "
+        + ("applied" if record["applied"] else "NOT applied (" + record["reason"] + ")")
     )

@@ -26,7 +26,6 @@ from engine.pipeline import checks, graph, span
 from engine.pipeline._common import (
     _INT8_OPS,
     PIPELINE_VERSION,
-    TRIM_ATOL,
     Log,
     _fmt_figures,
     _fmt_invariance,
@@ -282,16 +281,15 @@ def requantize_aegis(
         settings["dynamic_length"] = dynamic
         static = None if dynamic else AEGIS_LENGTH
         trimmed = work / "int8.trimmed.onnx"
-        with progress.step("trim non-GEMM work (relative positions, scales)", "int8") as notes:
-            trim = _trim(
+        with progress.step("trim non-GEMM work (relative positions, abs-max)", "int8") as notes:
+            chosen, trim = _trim(
                 int8_path,
                 trimmed,
                 lambda p: outputs(p, static)[0],
-                atol=TRIM_ATOL["int8"],
                 contradiction=AEGIS_LABELS.index("contradiction"),
             )
             notes.append(_fmt_trim(trim))
-        if trim.get("checked"):
+        if chosen == trimmed:
             trimmed.replace(int8_path)
             own, model = outputs(int8_path, static)
         with progress.step("drift against the dequantised fp32 graph", "int8") as notes:

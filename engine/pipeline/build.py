@@ -35,7 +35,6 @@ from engine.pipeline import checks, graph, sources, span
 from engine.pipeline._common import (
     _INT8_OPS,
     PIPELINE_VERSION,
-    TRIM_ATOL,
     Log,
     _fmt_figures,
     _fmt_invariance,
@@ -518,12 +517,10 @@ def _trim_variant(run: _Run, variant: str, path: Path) -> tuple[Path, dict[str, 
         return path, None
     out = path.with_name(f"{path.stem}.trimmed.onnx")
     c = run.labels.index("contradiction") if "contradiction" in run.labels else None
-    with run.progress.step("trim non-GEMM work (relative positions, scales)", variant) as notes:
-        record = _trim(
-            path, out, lambda p: _run_variant(run, p), atol=TRIM_ATOL[variant], contradiction=c
-        )
+    with run.progress.step("trim non-GEMM work (relative positions, abs-max)", variant) as notes:
+        chosen, record = _trim(path, out, lambda p: _run_variant(run, p), contradiction=c)
         notes.append(_fmt_trim(record))
-    return out, record
+    return chosen, record
 
 
 def _variant_fp32(run: _Run, out_dir: Path) -> None:
@@ -531,7 +528,7 @@ def _variant_fp32(run: _Run, out_dir: Path) -> None:
     path, trim = _trim_variant(run, "fp32", run.base)
     with run.progress.step("parity against PyTorch", "fp32") as notes:
         assert run.base_outputs is not None
-        got = run.base_outputs if trim is None else _run_variant(run, path)
+        got = run.base_outputs if path == run.base else _run_variant(run, path)
         parity = _parity(run, "fp32", got, notes)
     _write(run, out_dir, "fp32", path, {"parity": parity, **({"trim": trim} if trim else {})})
 

@@ -3,8 +3,8 @@
 Profile that motivated it (ONNX Runtime, nli-deberta-v3-small rowwise int8, one 32-pair call of
 57 tokens, 2 threads): the int8 GEMMs were 21% of a forward; the Transpose / Tile / Expand /
 GatherElements / Sub chains of the relative-position attention, the rowwise quantisers' ``Abs``
-and the attention-scale divisions together about a quarter. :func:`trim_graph` applies three
-rewrites, each matched on the graph optimum's exporter writes for transformers'
+and the attention-scale divisions together about a quarter. :func:`trim_graph` applies up to
+three rewrites, each matched on the graph optimum's exporter writes for transformers'
 ``DisentangledSelfAttention`` (``share_att_key``) and on the quantised graphs derived from it:
 
 1. **Relative-position scores without tiling or expanding** (``relative``). The export computes
@@ -15,30 +15,35 @@ rewrites, each matched on the graph optimum's exporter writes for transformers'
        -> (p2c) Transpose([0, 2, 1]) -> Div(scale)
 
    The rows are the same for every row of the batch and the index depends only on the padded
-   length ``L``, yet both are materialised ``B*H`` times per layer and call. Rewritten as::
+   length ``L``, yet both are materialised ``B*H`` times per layer and call (and the span
+   narrowing's index shift runs over the ``[B*H, L, L]`` index). Rewritten as::
 
-       rows -> Transpose([0, 2, 1]) -> Div(scale)             ([H, d, 2W]: tiny)
-       MatMul(Reshape(X, [-1, H, L, d]), that)                (a broadcast MatMul: no Tile)
-       -> Flatten(axis 2) [B*H, L*2W] -> Gather(axis 1, flat index [L, L])
+       c2p: FusedMatMul(Reshape(X, [-1, H, L, d]), rows, transB)  -> [B, H, L, 2W]
+            -> GatherElements(axis 2, INDEX)
+       p2c: FusedMatMul(rows, Reshape(X, [-1, H, L, d]), transB)  -> [B, H, 2W, L]
+            -> GatherElements(axis 1, INDEX_T)      (gathering rows: no Transpose after it)
 
-   with ``flat index[i, j] = i * 2W + pos[i, j]`` (c2p) or ``j * 2W + pos[j, i]`` (p2c: the
-   Transpose after the gather is folded into the index). The index shift of
-   :func:`engine.pipeline.span.narrow_relative_span` is applied to the ``[L, L]`` index instead
-   of the ``[B*H, L, L]`` one.
-2. **The attention scale on the product** (``scale``): ``MatMul(Q, Div(Transpose(K), s))``
-   becomes ``FusedMatMul(Q, K, transB=1, alpha=1/s)`` when ``s`` is a constant scalar (found
-   by running the graph at two input shapes): no transposed copy of K, no division pass.
-3. **Row maxima without an ``Abs`` copy** (``absmax``): the rowwise int8 quantisers'
+   Both products broadcast the ``[H, 2W, d]`` rows over the batch instead of tiling them.
+   ``INDEX`` is ``pos - shift`` expanded to ``[B*H, L, L]`` once per distinct position tensor
+   (the exporter's c2p position tensor is shared by all layers; ``INDEX_T`` uses its
+   transpose). The divisions by the attention scale stay where they were.
+2. **Row maxima without an ``Abs`` copy** (``absmax``): the rowwise int8 quantisers'
    ``ReduceMax(Abs(x))`` becomes ``Max(ReduceMax(x), Neg(ReduceMin(x)))``, bit-identical and
    without writing ``|x|`` (the FFN activations are the largest tensors of a forward).
+3. **The attention scale on the product** (``scale``, off unless ``scales=True``):
+   ``MatMul(Q, Div(Transpose(K), s))`` becomes ``FusedMatMul(Q, K, transB=1, alpha=1/s)`` when
+   ``s`` is a constant scalar (found by running the graph at two input shapes), and the c2p /
+   p2c divisions move onto the relative-position rows. This changes float rounding (fp32 logits
+   within 4e-7), and an int8 graph re-rounds each row's activations, so one last bit can move
+   a quantisation step: on aegis-nli int8 it moved a check-set logit by 0.08 and flipped one
+   decision at 0.5. So the pipeline does not use it; it saves about 2% of a forward.
 
-Every score is the same dot product over the same values. Only float rounding moves: the
-attention scale now divides the relative-position rows and multiplies the product instead of
-dividing the products (fp32 logits within 1e-6 of the graph before; int8 graphs re-round
-activations per row, so a changed last bit can move one quantisation step: within 1e-2). The
-builder runs both graphs on the check set and records the difference and the decisions
-(:func:`engine.pipeline._common._trim_check`). No row's result depends on another row of its
-batch, before or after.
+With the defaults every score is the same dot product over the same values in the same order:
+the trimmed graphs score bit-identically to the untrimmed ones (measured on the NLI and aegis
+int8 graphs at lengths 1 to 512). The builder runs both graphs on the check set, records the
+difference and the decisions, and publishes the untrimmed graph if anything moved
+(:func:`engine.pipeline._common._trim`). No row's result depends on another row of its batch,
+before or after.
 
 A graph without the patterns (BERT, MiniLM) is written out unchanged, every count 0.
 """
@@ -462,10 +467,10 @@ def _absmax(edit: _Edit, opset: int) -> dict[str, int]:
     return {"absmax": done}
 
 
-def trim_graph(model_in: Path, model_out: Path) -> dict[str, Any]:
-    """Write ``model_in`` to ``model_out`` with the three rewrites of the module's docstring
-    applied; returns what each changed (``relative_left`` counts the ``GatherElements`` nodes
-    that did not match)."""
+def trim_graph(model_in: Path, model_out: Path, *, scales: bool = False) -> dict[str, Any]:
+    """Write ``model_in`` to ``model_out`` with the rewrites of the module's docstring applied
+    (the third only with ``scales``); returns what each changed (``relative_left`` counts the
+    ``GatherElements`` nodes that did not match)."""
     model = read(model_in)
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -483,7 +488,7 @@ def trim_graph(model_in: Path, model_out: Path) -> dict[str, Any]:
             if n is not None
         )
     }
-    scalars = _scalars(model, divisors)
+    scalars = _scalars(model, divisors) if scales else {}
     steps: list[Callable[[_Edit], dict[str, int]]] = [
         lambda e: _relative(e, scalars),
         lambda e: _scale(e, scalars),
@@ -503,4 +508,4 @@ def trim_graph(model_in: Path, model_out: Path) -> dict[str, Any]:
     from engine.pipeline.span import _save
 
     _save(model, model_out)
-    return {"method": TRIM_METHOD, "constant_scalars": len(scalars), **counts}
+    return {"method": TRIM_METHOD, "scales": scales, "constant_scalars": len(scalars), **counts}
