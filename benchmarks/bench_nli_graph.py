@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles: dict[str, dict[str, Any]] = {}
         call_pairs = Corpus(args.seed).pairs(CALL, salt=23)
         for name, d in graphs.items():
-            for size in sorted({CALL, tuned[name]}):
+            for size in sorted({CALL, *tuned.values()}):
                 label = f"{name} @{size}"
                 profiles[label] = profile(
                     scorer(d, args.threads, size), call_pairs, runs, args.threads
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         scorers: dict[str, Any] = {}
         engines: list[Engine] = []
         for name, d in graphs.items():
-            for size in sorted({CALL, tuned[name]}, reverse=True):
+            for size in sorted({CALL, *tuned.values()}, reverse=True):
                 label = f"{name} @{size}"
                 scorers[label] = scorer(d, args.threads, size)
                 scorers[label].score(pairs[:CALL])
@@ -350,6 +350,17 @@ def main(argv: list[str] | None = None) -> int:
             title=f"(2) {CALL}-pair calls, {rounds} interleaved rounds",
         )
     )
+    speedups = {}
+    for size in sorted({CALL, *tuned.values()}):
+        a, b = points[f"after @{size}"][CALL], points[f"before @{size}"][CALL]
+        speedups[str(size)] = round_ratios(a, b)
+        if speedups[str(size)]:
+            r = speedups[str(size)]
+            print(
+                f"after / before at sub-batch {size}: {r['median']:.3f}x "
+                f"[{r['min']:.3f}-{r['max']:.3f}] (median of {r['rounds']} same-round ratios)"
+            )
+    result["after_over_before"] = speedups
     d = result["decisions"]
     print(
         f"\n(3) decisions, before vs after on {d['pairs']} pairs: max |d contradiction| "
