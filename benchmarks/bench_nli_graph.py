@@ -239,10 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         before_trim = json.loads((before_dir / "manifest.json").read_text("utf-8")).get("trim")
         if args.after is None:
-            if before_trim and before_trim.get("relative"):
-                parser.error(f"{before_dir} is already trimmed: pass an untrimmed --before")
-            after_dir, record = trimmed_artefact(before_dir, work)
-            print(f"  trimmed {before_dir} here: {record}", flush=True)
+            if before_trim and before_trim.get("applied"):
+                # a cache built by the trimming pipeline holds no untrimmed graph: measure the
+                # trimmed one alone (a baseline needs --before from an older cache)
+                print(f"  {before_dir} is trimmed and no --before is untrimmed: no baseline")
+                after_dir, record = before_dir, before_trim
+            else:
+                after_dir, record = trimmed_artefact(before_dir, work)
+                print(f"  trimmed {before_dir} here: {record}", flush=True)
         else:
             after_dir = args.after
             record = json.loads((after_dir / "manifest.json").read_text("utf-8")).get("trim")
@@ -256,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             profile_runs=runs,
         )
         pairs = Corpus(args.seed).pairs(pool_n, salt=3)
-        graphs = {"before": before_dir, "after": after_dir}
+        graphs = {"after": after_dir}
+        if after_dir != before_dir:
+            graphs = {"before": before_dir, **graphs}
 
         print("[1/4] tuned sub-batch of each graph (the tuner's own measurement)", flush=True)
         tuned: dict[str, int] = {}
@@ -299,8 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         careful(pairs[:CALL], CALL)
         engines.append(Engine(TORCH, "torch", careful, note="sorted, inference_mode"))
         points = sweep(engines, pairs, [CALL], rounds, seconds, "32-pair calls")
-        result["decisions"] = decisions(
-            scorers[f"before @{CALL}"], scorers[f"after @{CALL}"], pairs
+        result["decisions"] = (
+            decisions(scorers[f"before @{CALL}"], scorers[f"after @{CALL}"], pairs)
+            if "before" in graphs
+            else None
         )
 
         print("[4/4] dense int8 GEMM ceiling on the DeBERTa FFN shape", flush=True)
@@ -352,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     speedups = {}
     for size in sorted({CALL, *tuned.values()}):
+        if "before" not in graphs:
+            break
         a, b = points[f"after @{size}"][CALL], points[f"before @{size}"][CALL]
         speedups[str(size)] = round_ratios(a, b)
         if speedups[str(size)]:
@@ -361,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"[{r['min']:.3f}-{r['max']:.3f}] (median of {r['rounds']} same-round ratios)"
             )
     result["after_over_before"] = speedups
-    d = result["decisions"]
+    d = result["decisions"] or {"pairs": 0, "max_abs_contradiction_diff": 0.0, "flips": {}}
     print(
         f"\n(3) decisions, before vs after on {d['pairs']} pairs: max |d contradiction| "
         f"{d['max_abs_contradiction_diff']:.1e}, flips {d['flips']}"
