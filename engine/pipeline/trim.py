@@ -162,6 +162,8 @@ def _topological(nodes: list[Any]) -> list[Any]:
 def _scalars(model: Any, names: set[str]) -> dict[str, float]:
     """The tensors of ``names`` that are one value, the same at two input shapes (run with
     ONNX Runtime, basic optimisation): the constant scalars among them, by name."""
+    import tempfile
+
     import numpy as np
     import onnx
 
@@ -175,8 +177,6 @@ def _scalars(model: Any, names: set[str]) -> dict[str, float]:
     wanted = sorted(names & present)
     for name in wanted:
         probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    import tempfile
-
     values: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="memgate-trim-") as tmp:
         path = Path(tmp) / "probe.onnx"
@@ -450,8 +450,10 @@ def _absmax(edit: _Edit, opset: int) -> dict[str, int]:
         ab = edit.made_by(red.input[0], "Abs")
         if ab is None or len(edit.consumers.get(ab.output[0], [])) != 1:
             continue
-        p = f"{PREFIX}absmax{done}/"
         extra = list(red.input[1:])
+        if opset < 18 and extra:  # ReduceMin takes axes as an input from opset 18 only
+            continue
+        p = f"{PREFIX}absmax{done}/"
         attrs = {a.name: helper.get_attribute_value(a) for a in red.attribute}
         nodes = [
             helper.make_node("ReduceMax", [ab.input[0], *extra], [p + "max"], **attrs),
@@ -459,8 +461,6 @@ def _absmax(edit: _Edit, opset: int) -> dict[str, int]:
             helper.make_node("Neg", [p + "min"], [p + "neg"]),
             helper.make_node("Max", [p + "max", p + "neg"], [red.output[0]]),
         ]
-        if opset < 18 and extra:  # ReduceMin takes axes as an input from opset 18 only
-            continue
         edit.insert(red, nodes)
         edit.dead.update({id(red), id(ab)})
         done += 1
@@ -474,21 +474,18 @@ def trim_graph(model_in: Path, model_out: Path, *, scales: bool = False) -> dict
     model = read(model_in)
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    producer, _, _ = wiring(g)
-    divisors = {n.input[1] for n in g.node if n.op_type == "Div" and len(n.input) == 2}
-    # only the divisors that a rewrite would use are probed
-    divisors = {
-        d
-        for d in divisors
-        if any(
-            n.op_type in ("GatherElements", "Transpose")
-            for n in (
-                producer.get(x.input[0]) for x in g.node if x.op_type == "Div" and x.input[1] == d
-            )
-            if n is not None
-        )
-    }
-    scalars = _scalars(model, divisors) if scales else {}
+    scalars: dict[str, float] = {}
+    if scales:  # probe only the divisors a rewrite would use
+        producer, _, _ = wiring(g)
+        divisors = {
+            n.input[1]
+            for n in g.node
+            if n.op_type == "Div"
+            and len(n.input) == 2
+            and getattr(producer.get(n.input[0]), "op_type", None)
+            in ("GatherElements", "Transpose")
+        }
+        scalars = _scalars(model, divisors)
     steps: list[Callable[[_Edit], dict[str, int]]] = [
         lambda e: _relative(e, scalars),
         lambda e: _scale(e, scalars),
