@@ -255,7 +255,7 @@ def _relative(edit: _Edit, scalars: dict[str, float]) -> dict[str, int]:
     signature = _Signature(edit)
     shape_source: str | None = None
     for ge in edit.g.node:
-        if ge.op_type != "GatherElements":
+        if ge.op_type != "GatherElements" or ge.name.startswith(PREFIX):  # already trimmed
             continue
         axis = next((a.i for a in ge.attribute if a.name == "axis"), 0)
         mm = edit.made_by(ge.input[0], "MatMul")
