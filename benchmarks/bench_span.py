@@ -54,7 +54,10 @@ def widen(model_in: Path, model_out: Path) -> int:
         if node.output[0].startswith(PREFIX) and node.op_type in ("Slice", "Sub"):
             if not node.input[0].startswith(PREFIX):
                 alias[node.output[0]] = node.input[0]
-    keep = [n for n in g.node if not n.output[0].startswith(PREFIX)]
+        elif node.op_type == "Sub" and node.input[1].startswith(PREFIX):
+            # engine.pipeline.trim shifts its own [L, L] index by the span's start
+            alias[node.output[0]] = node.input[0]
+    keep = [n for n in g.node if not n.output[0].startswith(PREFIX) and n.output[0] not in alias]
     for node in keep:
         for i, name in enumerate(node.input):
             node.input[i] = alias.get(name, name)

@@ -35,8 +35,9 @@ __all__ = ["PIPELINE_VERSION", "Log", "require_export"]
 
 Log = Callable[[str], None]
 
-PIPELINE_VERSION = 2
-"""Bumped when a change here makes earlier artefacts stale (they are rebuilt, not trusted)."""
+PIPELINE_VERSION = 3
+"""Bumped when a change here makes earlier artefacts stale (they are rebuilt, not trusted).
+3: DeBERTa NLI graphs are trimmed (:mod:`engine.pipeline.trim`), recorded as ``trim``."""
 
 _EXPORT_EXTRA = "pip install 'memgate[export]'"
 
@@ -270,3 +271,70 @@ def _fmt_span(relative: Mapping[str, Any]) -> str:
     if not relative["narrowed"]:
         return "no relative-position attention: unchanged"
     return f"{relative['narrowed']} position products narrowed (span {relative['span']})"
+
+
+TRIM_ATOL = 1e-5
+"""Largest logit change the trim (:mod:`engine.pipeline.trim`) may cause on the check set. It
+removes work without changing what is computed: measured bit-identical on every NLI graph the
+pipeline builds (fp32 and rowwise int8, aegis included)."""
+TRIM_BARS = (0.5, 0.8, 0.95)
+"""Contradiction bars at which the trimmed graph must decide as the untrimmed one."""
+
+
+def _trim(
+    path: Path,
+    out: Path,
+    run: Callable[[Path], np.ndarray],
+    *,
+    contradiction: int | None,
+) -> tuple[Path, dict[str, Any]]:
+    """Trim ``path`` into ``out`` (:func:`engine.pipeline.trim.trim_graph`) and check it: both
+    graphs run on the check set through ``run(path) -> logits``; the logits may differ by
+    :data:`TRIM_ATOL` at most, the argmax never and (with a ``contradiction`` label index) no
+    pair may cross a :data:`TRIM_BARS` bar. Returns the graph to publish and the record for
+    the manifest: the trimmed graph when it passes, else the untrimmed one, with the figures
+    and ``applied`` false (a graph with nothing to trim is kept as it is)."""
+    from engine.pipeline.trim import trim_graph
+
+    settings = trim_graph(path, out)
+    changed = sum(settings[k] for k in ("relative", "scale", "absmax"))
+    if not changed:
+        return path, {**settings, "applied": False, "reason": "nothing matched"}
+    before, after = run(path), run(out)
+    figures = checks.compare(after, before, task="nli")
+    record: dict[str, Any] = {
+        **settings,
+        "against": "the same graph untrimmed",
+        "check_set": checks.CHECK_SET_ID,
+        "atol": TRIM_ATOL,
+        **figures,
+    }
+    if contradiction is not None:
+
+        def probs(x: np.ndarray) -> np.ndarray:
+            e = np.exp(x - x.max(axis=1, keepdims=True))
+            return (e / e.sum(axis=1, keepdims=True))[:, contradiction]
+
+        p, q = probs(after), probs(before)
+        record["flips"] = {str(t): int(((p > t) != (q > t)).sum()) for t in TRIM_BARS}
+    flips = sum(record.get("flips", {}).values())
+    ok = (
+        figures["max_abs_diff"] <= TRIM_ATOL
+        and figures.get("argmax_agreement", 1.0) == 1.0
+        and not flips
+    )
+    record["applied"] = ok
+    if not ok:
+        record["reason"] = "scores moved on the check set: the untrimmed graph is published"
+    return (out if ok else path), record
+
+
+def _fmt_trim(record: Mapping[str, Any]) -> str:
+    if "max_abs_diff" not in record:
+        return "nothing to trim"
+    return (
+        f"{record['relative']} relative-position chains, {record['scale']} scales, "
+        f"{record['absmax']} abs-max; max|Δ| vs untrimmed {record['max_abs_diff']:.1e} "
+        f"(atol {record['atol']:g}), flips {record.get('flips', {})}: "
+        + ("applied" if record["applied"] else "NOT applied (" + record["reason"] + ")")
+    )

@@ -30,6 +30,7 @@ from engine.pipeline._common import (
     _fmt_figures,
     _fmt_invariance,
     _fmt_span,
+    _fmt_trim,
     _fresh,
     _inherited_fields,
     _now,
@@ -39,6 +40,7 @@ from engine.pipeline._common import (
     _publish,
     _size,
     _TokenizerInfo,
+    _trim,
     _versions,
     require_export,
 )
@@ -277,6 +279,19 @@ def requantize_aegis(
             model = OrtModel(int8_path, SessionSettings(allow_spinning=False))
             own = padded
         settings["dynamic_length"] = dynamic
+        static = None if dynamic else AEGIS_LENGTH
+        trimmed = work / "int8.trimmed.onnx"
+        with progress.step("trim non-GEMM work (relative positions, abs-max)", "int8") as notes:
+            chosen, trim = _trim(
+                int8_path,
+                trimmed,
+                lambda p: outputs(p, static)[0],
+                contradiction=AEGIS_LABELS.index("contradiction"),
+            )
+            notes.append(_fmt_trim(trim))
+        if chosen == trimmed:
+            trimmed.replace(int8_path)
+            own, model = outputs(int8_path, static)
         with progress.step("drift against the dequantised fp32 graph", "int8") as notes:
             drift = {
                 "against": "shipped int8 weights dequantised to fp32",
@@ -303,6 +318,7 @@ def requantize_aegis(
             drift_vs_fp32=drift,
             dynamic_length={"max_abs_diff": length_diff, "atol": DYNAMIC_LENGTH_ATOL},
             relative_span=relative,
+            trim=trim,
             batch_invariance=invariance,
             parity={"checked": False, "reason": "no PyTorch reference; see drift_vs_fp32"},
             builder=_versions(),

@@ -39,6 +39,7 @@ from engine.pipeline._common import (
     _fmt_figures,
     _fmt_invariance,
     _fmt_span,
+    _fmt_trim,
     _fresh,
     _now,
     _prepare_tokenizer,
@@ -46,6 +47,7 @@ from engine.pipeline._common import (
     _publish,
     _size,
     _TokenizerInfo,
+    _trim,
     _versions,
     require_export,
 )
@@ -508,12 +510,27 @@ def _build_variants(
         _variant_fp16(run, out_dir)
 
 
+def _trim_variant(run: _Run, variant: str, path: Path) -> tuple[Path, dict[str, Any] | None]:
+    """An NLI graph trimmed (:mod:`engine.pipeline.trim`) and checked against itself untrimmed;
+    embedders are left as they are (None)."""
+    if run.family.task != "nli":
+        return path, None
+    out = path.with_name(f"{path.stem}.trimmed.onnx")
+    c = run.labels.index("contradiction") if "contradiction" in run.labels else None
+    with run.progress.step("trim non-GEMM work (relative positions, abs-max)", variant) as notes:
+        chosen, record = _trim(path, out, lambda p: _run_variant(run, p), contradiction=c)
+        notes.append(_fmt_trim(record))
+    return chosen, record
+
+
 def _variant_fp32(run: _Run, out_dir: Path) -> None:
     assert run.base is not None
+    path, trim = _trim_variant(run, "fp32", run.base)
     with run.progress.step("parity against PyTorch", "fp32") as notes:
         assert run.base_outputs is not None
-        parity = _parity(run, "fp32", run.base_outputs, notes)
-    _write(run, out_dir, "fp32", run.base, {"parity": parity})
+        got = run.base_outputs if path == run.base else _run_variant(run, path)
+        parity = _parity(run, "fp32", got, notes)
+    _write(run, out_dir, "fp32", path, {"parity": parity, **({"trim": trim} if trim else {})})
 
 
 def _variant_optimized(run: _Run, out_dir: Path, *, publish: bool) -> Path:
@@ -545,6 +562,7 @@ def _variant_int8(run: _Run, out_dir: Path, base: Path, *, isa: str | None) -> N
         int8_ops = {k: v for k, v in ops.items() if k in _INT8_OPS}
         notes.append(f"isa {settings['isa']}, {int8_ops}")
         settings["int8_ops"] = int8_ops
+    path, trim = _trim_variant(run, "int8", path)
     with run.progress.step("parity against PyTorch", "int8") as notes:
         got, model = _onnx_outputs(run, path)
         parity = _parity(run, "int8", got, notes)
@@ -563,6 +581,7 @@ def _variant_int8(run: _Run, out_dir: Path, base: Path, *, isa: str | None) -> N
         "drift_vs_fp32": drift,
         "quantization": settings,
         "batch_invariance": invariance,
+        **({"trim": trim} if trim else {}),
     }
     if settings["quantized_from"] == "optimized":
         extra["optimization"] = run.optimization

@@ -288,6 +288,93 @@ def test_narrowed_relative_span_scores_exactly_as_the_export(
     assert graph.op_counts(tmp_path / "bert.onnx") == graph.op_counts(bert)
 
 
+def test_trimmed_nli_graphs_score_bit_identically(
+    tiny: dict[str, Path], built: dict[str, Any], tmp_path: Path
+) -> None:
+    """The fp32 and int8 NLI variants are published trimmed (engine.pipeline.trim), with the
+    check recorded; trim_graph on a fresh export (fp32, and its rowwise int8) removes every Tile
+    and scores bit-identically at lengths below, at and above the span, with padding, in
+    batches; a graph without the pattern is written out unchanged."""
+    import numpy as np
+    import onnxruntime as ort
+    import transformers
+    from optimum.exporters.onnx import onnx_export_from_model
+
+    from engine.pipeline import span, trim
+    from engine.pipeline._common import TRIM_ATOL
+
+    for d in built["nli"]:
+        record = load_manifest(d).extra.get("trim")
+        if d.name == "fp16":
+            assert record is None  # a CUDA graph: ONNX Runtime's CUDA fusions apply there
+            continue
+        assert record["applied"] is True and record["scales"] is False, d.name
+        assert record["relative"] == 4 and record["relative_left"] == 0 and record["scale"] == 0
+        assert record["max_abs_diff"] <= TRIM_ATOL and set(record["flips"].values()) == {0}
+        assert (record["absmax"] > 0) is (d.name == "int8")
+        assert "Tile" not in graph.op_counts(d / "model.onnx")
+    model = transformers.DebertaV2ForSequenceClassification.from_pretrained(tiny["nli"])
+    with graph.quiet():
+        onnx_export_from_model(model, tmp_path / "export", task="text-classification")
+    plain, narrowed = tmp_path / "export" / "model.onnx", tmp_path / "narrowed.onnx"
+    span.narrow_relative_span(plain, narrowed)
+    graph.rowwise_int8(narrowed, tmp_path / "int8.onnx")
+    pairs = []
+    for src in (plain, narrowed, tmp_path / "int8.onnx"):
+        out = tmp_path / f"{src.stem}.trimmed.onnx"
+        record = trim.trim_graph(src, out)
+        assert record["relative"] == 4 and record["relative_transposes_folded"] == 2
+        ops, before = graph.op_counts(out), graph.op_counts(src)
+        assert "Tile" not in ops and before["Tile"] == 4
+        # one index per distinct position tensor, not one per layer and term
+        assert ops.get("Expand", 0) < before["Expand"]
+        # every rowwise quantiser's ReduceMax(Abs(x)) is rewritten (the int8 graph has them)
+        assert ops.get("Abs", 0) == before.get("Abs", 0) - record["absmax"]
+        assert (record["absmax"] > 0) is (src.stem == "int8")
+        pairs.append((src, out))
+    rng = np.random.default_rng(0)
+    for src, out in pairs:
+        a, b = (
+            ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (src, out)
+        )
+        for batch, length in ((1, 1), (3, 9), (2, 31), (2, 32), (3, 33), (2, 100), (1, 128)):
+            ids = rng.integers(5, 60, (batch, length)).astype(np.int64)
+            mask = np.ones_like(ids)
+            mask[0, max(1, length // 2) :] = 0
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            np.testing.assert_array_equal(
+                b.run(None, feeds)[0], a.run(None, feeds)[0], err_msg=f"{src.stem} {batch}x{length}"
+            )
+    bert = built["embedder"][0] / "model.onnx"
+    record = trim.trim_graph(bert, tmp_path / "bert.onnx")
+    assert record["relative"] == record["absmax"] == record["scale"] == 0
+    assert graph.op_counts(tmp_path / "bert.onnx") == graph.op_counts(bert)
+
+
+def test_scale_folding_is_opt_in_and_moves_rounding_only(
+    built: dict[str, Any], tmp_path: Path
+) -> None:
+    """trim_graph(scales=True) also moves the attention scale onto the products (FusedMatMul
+    alpha, divisions on the relative-position rows): fp32 logits move by rounding only."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from engine.pipeline import trim
+
+    fp32 = built["nli"][0] / "model.onnx"
+    record = trim.trim_graph(fp32, tmp_path / "scaled.onnx", scales=True)
+    # the published graph is trimmed already: only the QK^T scale is left to fold
+    assert record["scale"] == 2 and record["relative"] == 0
+    assert graph.op_counts(tmp_path / "scaled.onnx").get("FusedMatMul", 0) >= 2
+    a, b = (
+        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        for p in (fp32, tmp_path / "scaled.onnx")
+    )
+    ids = np.random.default_rng(1).integers(5, 60, (3, 40)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    np.testing.assert_allclose(b.run(None, feeds)[0], a.run(None, feeds)[0], atol=1e-5, rtol=0)
+
+
 def test_nli_variants_record_labels_and_skipped_optimisation(built: dict[str, Any]) -> None:
     assert [d.name for d in built["nli"]] == ["fp32", "int8", "fp16"]
     for d in built["nli"]:

@@ -104,3 +104,23 @@ def test_cv_judge_scores_each_set_with_a_judge_fitted_without_it(
         assert judged["strict"]["wrongful_overwrites"] <= alone["strict"]["wrongful_overwrites"]
         assert judged["review"]["wrongful_overwrites"] == 0
     assert set(result["review_all"]) == {"alone", "judge"}
+
+
+def test_bench_nli_graph_profiles_the_trimmed_graph_and_its_baseline(
+    cache_dir: Path, tmp_path: Path
+) -> None:
+    """bench_nli_graph on the cache's nli-deberta int8: the untrimmed graph against itself
+    trimmed on the fly (a cache built before the trim step), or the trimmed graph alone."""
+    import bench_nli_graph
+
+    argv = ["--smoke", "--cache-dir", str(cache_dir), "--out", str(tmp_path)]
+    assert bench_nli_graph.main(argv) == 0
+    result = _result(tmp_path, "bench_nli_graph")
+    assert result["profiles"] and all(
+        0.0 < p["int8_gemm_share"] < 1.0 and p["quiet_ms"] > 0 for p in result["profiles"].values()
+    )
+    trimmed = [p for name, p in result["profiles"].items() if name.startswith("after")]
+    assert trimmed and all("Tile" not in p["ms_by_op"] for p in trimmed)
+    if result["decisions"] is not None:  # a baseline was measured: the same decisions
+        assert result["decisions"]["max_abs_contradiction_diff"] == 0.0
+        assert set(result["decisions"]["flips"].values()) == {0}
