@@ -24,6 +24,12 @@
 Prints a table, writes JSON (git sha, machine, settings, figures) and a PNG to
 ``benchmarks/results/``. ``--quick`` takes one to two minutes.
 
+``--door-arms 0,250,1000 --repeats 2`` compares values of the delay door
+(``--max-queue-delay-ms``, 0: off) instead: each arm in its own server on the same store,
+interleaved (odd repeats in the given order, even ones reversed), with a closed loop and the
+open loop at 0.25x / 0.5x / 2x of the first arm's closed-loop capacity, held fixed for every
+arm; a table of medians and ``bench_grpc_doors-*.json`` (no plot).
+
     MEMGATE_HOME=~/.cache/memgate python benchmarks/bench_grpc.py --quick
 """
 
@@ -588,6 +594,126 @@ async def run_load(
     return phases
 
 
+async def door_arm(
+    args: argparse.Namespace, server: ServerProcess, incoming: list[Any], capacity: float | None
+) -> tuple[list[Phase], float]:
+    """One arm of ``--door-arms``: warm-up, the closed loop, then the open loop at 0.25x, 0.5x
+    and 2x of ``capacity`` (None: this arm's closed-loop facts/s, which then becomes the
+    capacity of every later arm). Returns the phases and the capacity used."""
+    phases: list[Phase] = []
+
+    def delta(before: tuple[float, float]) -> tuple[float, float]:
+        after = server.batch_stats()
+        return after[0] - before[0], after[1] - before[1]
+
+    async with Load(server.port, incoming, args.channels, args.seed) as load:
+        await load.closed(8, 2.0)
+        before = server.batch_stats()
+        out, secs = await load.closed(args.clients, args.phase_s)
+        phases.append(summarise(f"closed-{args.clients}", None, out, secs, delta(before)))
+        if capacity is None:
+            capacity = phases[0].throughput
+        for mult in DOOR_LOADS:
+            before = server.batch_stats()
+            out, secs = await load.open(
+                capacity * mult, args.phase_s, args.batch_share, args.min_calls
+            )
+            phases.append(summarise(f"open-{mult:.2f}x", capacity * mult, out, secs, delta(before)))
+    return phases, capacity
+
+
+DOOR_LOADS = (0.25, 0.5, 2.0)
+"""Offered loads of a door arm, in units of the capacity: unloaded, half, twice."""
+
+
+def run_doors(args: argparse.Namespace, db: Path, incoming: list[Any]) -> list[dict[str, Any]]:
+    """``--door-arms``: every arm (a ``--max-queue-delay-ms``) in its own server subprocess on
+    the same store, interleaved: repeat 1 in the given order, repeat 2 reversed, and so on. The
+    capacity is the first arm's closed loop, then held fixed (every arm gets the same load)."""
+    import socket
+
+    runs: list[dict[str, Any]] = []
+    capacity: float | None = None
+    for rep in range(args.repeats):
+        order = args.door_arms if rep % 2 == 0 else list(reversed(args.door_arms))
+        for delay_ms in order:
+            arm = argparse.Namespace(
+                **{**vars(args), "max_queue_delay_ms": delay_ms, "http": False}
+            )
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                metrics_port = int(s.getsockname()[1])
+            print(f"  repeat {rep + 1}, door {delay_ms:g} ms", flush=True)
+            server = ServerProcess(arm, db, metrics_port)
+            try:
+                phases, capacity = asyncio.run(door_arm(arm, server, incoming, capacity))
+            finally:
+                server.stop()
+            by = {p.name: p for p in phases}
+            unloaded, half, over = (by[f"open-{m:.2f}x"] for m in DOOR_LOADS)
+            run = {
+                "repeat": rep + 1,
+                "delay_ms": delay_ms,
+                "capacity_facts_per_s": capacity,
+                "closed_shed_share": phases[0].shed_share,
+                "closed_facts_per_s": phases[0].throughput,
+                "unloaded_p99_ms": unloaded.p99_ms,
+                "half_shed_share": half.shed_share,
+                "half_p99_ms": half.p99_ms,
+                "overload_shed_share": over.shed_share,
+                "overload_facts_per_s": over.throughput,
+                "overload_p99_ms": over.p99_ms,
+                "ratio": over.p99_ms / unloaded.p99_ms,
+                "phases": [asdict(p) for p in phases],
+            }
+            print(
+                f"    closed shed {run['closed_shed_share']:.1%}; 0.5x shed "
+                f"{run['half_shed_share']:.1%}; 2x shed {run['overload_shed_share']:.1%}, "
+                f"{run['overload_facts_per_s']:.1f} facts/s, p99 {run['overload_p99_ms']:.0f} ms "
+                f"vs unloaded {run['unloaded_p99_ms']:.0f} ms = {run['ratio']:.2f}x",
+                flush=True,
+            )
+            runs.append(run)
+    return runs
+
+
+def door_table(runs: list[dict[str, Any]], arms: list[float]) -> tuple[str, list[dict[str, Any]]]:
+    """Medians over the repeats per arm, and the table printed from them."""
+    rows = []
+    for delay in arms:
+        mine = [r for r in runs if r["delay_ms"] == delay]
+
+        def med(key: str, mine: list[dict[str, Any]] = mine) -> float:
+            return float(np.median([r[key] for r in mine]))
+
+        rows.append(
+            {
+                "delay_ms": delay,
+                "repeats": len(mine),
+                "ratio": med("ratio"),
+                "unloaded_p99_ms": med("unloaded_p99_ms"),
+                "overload_p99_ms": med("overload_p99_ms"),
+                "overload_facts_per_s": med("overload_facts_per_s"),
+                "overload_shed_share": med("overload_shed_share"),
+                "half_shed_max": max(r["half_shed_share"] for r in mine),
+                "closed_shed_share": med("closed_shed_share"),
+                "ratios": [r["ratio"] for r in mine],
+            }
+        )
+    head = (
+        f"{'door ms':>8}{'unl p99':>9}{'2x p99':>9}{'p99 ratio':>11}{'2x facts/s':>12}"
+        f"{'2x shed':>9}{'0.5x shed max':>15}{'closed shed':>13}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['delay_ms']:>8g}{r['unloaded_p99_ms']:>9.0f}{r['overload_p99_ms']:>9.0f}"
+            f"{r['ratio']:>10.2f}x{r['overload_facts_per_s']:>12.1f}{r['overload_shed_share']:>9.1%}"
+            f"{r['half_shed_max']:>15.1%}{r['closed_shed_share']:>13.1%}"
+        )
+    return "\n".join(lines), rows
+
+
 # -- report ---------------------------------------------------------------------------------------
 def table(base: dict[str, Any], phases: list[Phase]) -> str:
     head = (
@@ -641,6 +767,50 @@ def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
     plt.close(fig)
 
 
+def report_doors(
+    args: argparse.Namespace,
+    header: dict[str, Any],
+    base: dict[str, Any],
+    runs: list[dict[str, Any]],
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> int:
+    text, rows = door_table(runs, args.door_arms)
+    print()
+    print(text)
+    print()
+    print(
+        f"in-process baseline {base['facts_per_s']:.1f} facts/s; capacity (first arm's closed "
+        f"loop) {runs[0]['capacity_facts_per_s']:.1f} facts/s; load average "
+        f"{load_start[0]:.2f} -> {load_end[0]:.2f} on {os.cpu_count()} cores; medians of "
+        f"{args.repeats} repeats"
+    )
+    record = {
+        **header,
+        "settings": {
+            "quick": args.quick,
+            "door_arms_ms": args.door_arms,
+            "repeats": args.repeats,
+            "loads": list(DOOR_LOADS),
+            "clients": args.clients,
+            "batch_share": args.batch_share,
+            "phase_s": args.phase_s,
+            "min_calls": args.min_calls,
+            "max_queued_facts": args.max_queued_facts,
+            "max_batch_facts": args.max_batch_facts,
+            "max_wait_ms": args.max_wait_ms,
+            "models": base["models"],
+        },
+        "load_average": [load_start[0], load_end[0]],
+        "baseline": base,
+        "arms": rows,
+        "runs": runs,
+    }
+    json_path = write_json(args.out, "bench_grpc_doors", record)
+    print(f"wrote {json_path.relative_to(ROOT) if json_path.is_relative_to(ROOT) else json_path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -687,6 +857,15 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="the HTTP/JSON arm (needs the http extra; --no-http: gRPC only)",
     )
+    p.add_argument(
+        "--door-arms",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=None,
+        help="instead of the usual phases: compare these --max-queue-delay-ms values "
+        "(comma-separated, 0: off), each in its own server, interleaved over --repeats, at "
+        "0.25x / 0.5x / 2x of the first arm's closed-loop capacity",
+    )
+    p.add_argument("--repeats", type=int, default=2, help="repeats of each --door-arms arm")
     p.add_argument("--out", type=Path, default=RESULTS)
     # the server subprocess
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
@@ -733,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
         from engine.server.codegen import ensure
 
         ensure()
+        if args.door_arms:
+            runs = run_doors(args, db, incoming)
+            return report_doors(args, header, base, runs, load_start, os.getloadavg())
         import socket
 
         with socket.socket() as s:

@@ -149,7 +149,8 @@ class CoreSettings:
     max_queue_delay_s: float | None = None
     """Optionally also bound the facts in flight by what the worker finishes in this many
     seconds at its measured rate (never below ``min_admitted_facts``). Off by default: clients
-    carry deadlines, and a tight budget sheds closed loops that would have been served."""
+    carry deadlines, and a tight budget sheds closed loops that would have been served
+    (docs/experiments/2026-12-05-default-door.md)."""
     min_admitted_facts: int = 16
     """Floor of the delay-derived bound."""
     admit_by_deadline: bool = True

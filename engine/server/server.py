@@ -75,8 +75,10 @@ class ServerSettings:
     decide (an expired one is dropped before the model with DEADLINE_EXCEEDED)."""
     max_queue_delay_s: float | None = None
     """Optionally also bound the facts in flight by what the worker finishes in this many
-    seconds at its measured rate. Off by default: a 1 s budget shed 97.8% of a 32-client closed
-    loop whose clients carried 30 s deadlines. None: ``max_queued_facts`` only."""
+    seconds at its measured rate. Off by default (docs/experiments/2026-12-05-default-door.md):
+    at 1 s it refused 78% of the calls of a 32-client closed loop whose clients carried 30 s
+    deadlines, at 0.1-0.5 s it also shed at half the capacity. None: ``max_queued_facts``
+    only."""
     min_admitted_facts: int = 16
     """The queue-delay budget never tightens the bound below this many facts in flight: enough
     for a useful batch when the machine is slow or busy."""

@@ -7,6 +7,9 @@ settings.
    100 ms). Admission queues up to a count bound and refuses at the door a request whose
    deadline the queue ahead cannot meet, so the overload is shed once the queue holds about a
    deadline's worth of work (with 30 s deadlines that takes longer than this test runs).
+9b. The delay door (``max_queue_delay_s``, off by default), set: with the model held, requests
+   are admitted up to what the measured rate finishes in the delay and the next is refused at
+   once with RESOURCE_EXHAUSTED, its deadline far away; health answers SERVING meanwhile.
 10. Deadlines (the door's deadline check off, so every request is queued): a request whose
    deadline passes while it is queued never reaches the model
    (>= 95% skipped; model calls counted by :class:`~_serving.ModelGate`) and is answered
@@ -35,6 +38,7 @@ from _serving import AccessLog, ModelGate, percentile, running  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from engine.server.proto import pb, pb_grpc  # noqa: E402
+from engine.server.server import ServerSettings  # noqa: E402
 
 FACTS_PER_REQUEST = 4
 OVERLOAD_DEADLINE_S = 5.0
@@ -206,6 +210,79 @@ def test_twice_the_load_it_completes_is_shed_with_resource_exhausted(
     assert codes["UNKNOWN"] == 0 and codes["INTERNAL"] == 0, codes
     assert set(probe.statuses) == {"SERVING"}, probe.statuses
     assert within(worst_health, 1.0), worst_health
+
+
+DOOR_S = 1.0
+"""The delay door under test (``--max-queue-delay-ms 1000``). It is off by default
+(docs/experiments/2026-12-05-default-door.md); every other setting here is the shipped one."""
+
+
+def test_the_delay_door_sheds_what_would_wait_past_it_never_health(
+    make_gate: Callable[..., Any], figures: Any
+) -> None:
+    """With the delay door set, a server whose measured rate is known admits facts in flight
+    only up to what its model finishes in ``max_queue_delay_s``; the next request is refused at
+    once with RESOURCE_EXHAUSTED although its deadline (120 s) is far away, while health, asked
+    on the same channel meanwhile, answers SERVING."""
+    settings = ServerSettings(max_queue_delay_s=DOOR_S)
+    gate = ModelGate(make_gate())
+    with running(gate, max_queue_delay_s=DOOR_S) as st:
+        server = st.server
+        assert server is not None
+        permits = server.permits
+        assert permits.max_delay_s == settings.max_queue_delay_s
+        channel = grpc.insecure_channel(st.target)
+        stub = pb_grpc.MemgateStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        for i in range(8):  # a few batches, so the rate is measured on real work
+            stub.Write(_write("door/warm", f"warm {i}"), timeout=120)
+        rate = permits.rate
+        assert rate is not None
+        bound = permits.current_limit
+        assert bound == max(
+            settings.min_admitted_facts,
+            min(settings.max_queued_facts, int(rate * settings.max_queue_delay_s)),
+        )
+        assert bound < settings.max_queued_facts  # the door binds, not the hard cap
+        gate.block()  # nothing finishes from here on, so the measured rate stays as it is
+        admitted = [stub.Write.future(_write("door/held", "held"), timeout=120)]
+        assert gate.entered.wait(60)
+        refused: list[tuple[int, str]] = []  # (facts in flight when refused, code)
+        statuses: Counter[str] = Counter()
+        for i in range(2 * bound // FACTS_PER_REQUEST + 8):
+            before = permits.in_use
+            future = stub.Write.future(_write(f"door/q{i % 4}", f"queued {i}"), timeout=120)
+            _wait(lambda f=future, b=before: f.done() or permits.in_use > b, "admission")
+            if future.done():
+                refused.append((before, future.code().name))
+            else:
+                admitted.append(future)
+            check = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            statuses[health_pb2.HealthCheckResponse.ServingStatus.Name(check.status)] += 1
+            if len(refused) >= 4:
+                break
+        held_in_flight = permits.in_use
+        gate.hold.set()
+        for future in admitted:
+            future.exception(timeout=120)  # wait for its answer
+        codes = Counter(f.code().name for f in admitted)
+        channel.close()
+    figures.record(
+        "9b delay door",
+        max_queue_delay_s=settings.max_queue_delay_s,
+        measured_facts_per_s=round(rate, 1),
+        bound_facts=bound,
+        admitted_requests=len(admitted),
+        facts_in_flight_when_refused=held_in_flight,
+        refused=[c for _, c in refused],
+        health=dict(statuses),
+    )
+    assert len(refused) == 4 and {c for _, c in refused} == {"RESOURCE_EXHAUSTED"}, refused
+    # Refused exactly where the door is: the facts in flight plus this request exceed it.
+    assert all(bound - FACTS_PER_REQUEST < n <= bound for n, _ in refused), (refused, bound)
+    assert held_in_flight <= bound
+    assert codes == {"OK": len(admitted)}, codes
+    assert statuses == {"SERVING": sum(statuses.values())}, statuses
 
 
 def test_requests_that_expire_while_queued_never_reach_the_model(

@@ -46,3 +46,15 @@ def test_with_table_replaces_only_the_marked_block() -> None:
     assert with_table(text, "new\n") == f"head\n{BEGIN}\nnew\n{END}\ntail\n"
     with pytest.raises(ValueError):
         with_table("no markers", "new\n")
+
+
+def test_the_delay_door_default_is_one_across_the_flag_and_both_settings() -> None:
+    """Off (0 ms / None) in the serve flag, ServerSettings and CoreSettings alike
+    (docs/experiments/2026-12-05-default-door.md)."""
+    from engine.core.engine import CoreSettings
+    from engine.server.server import ServerSettings
+
+    flag_ms = command_parser("serve").parse_args([]).max_queue_delay_ms
+    shipped = ServerSettings().max_queue_delay_s
+    assert flag_ms == (shipped or 0.0) * 1000
+    assert CoreSettings().max_queue_delay_s == shipped
