@@ -234,6 +234,14 @@ class Batcher(Generic[P, R]):
                 return
             wake = None if len(self._running) >= self._lanes else self._queue.wake_at()
             if self._cutoff is not None and not self._cut:
+                if loop.time() >= self._cutoff:
+                    # Past the cutoff no batch can start: refuse what waits (on a lock, or
+                    # for a lane) now, rather than wake at a time already gone, again and
+                    # again: that spin held the GIL from the lanes committing the last batches.
+                    self._cut = True
+                    log.info("shutdown cutoff: no more batches start")
+                    self._refuse_queued()
+                    continue
                 wake = self._cutoff if wake is None else min(wake, self._cutoff)
             self._wake.clear()
             if wake is None:
@@ -256,7 +264,13 @@ class Batcher(Generic[P, R]):
         return True
 
     def _refuse(self, batch: Batch[_Job[P, R]]) -> None:
-        for entry in [*batch.entries, *self._queue.drain()]:
+        for entry in batch.entries:
+            if not entry.payload.future.done():
+                entry.payload.future.set_exception(_shutting_down())
+        self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        for entry in self._queue.drain():
             if not entry.payload.future.done():
                 entry.payload.future.set_exception(_shutting_down())
 

@@ -423,3 +423,36 @@ def test_flush_makes_a_partial_batch_ready() -> None:
     assert q.take(0.0)[0] is None
     batch, _ = q.take(0.0, flush=True)
     assert batch is not None and names(batch) == ["a"]
+
+
+def test_past_the_cutoff_the_queue_is_refused_at_once_and_the_driver_sleeps() -> None:
+    """A request waiting (here for the one lane) when the shutdown cutoff passes is refused
+    then, not when a lane frees; and the driver does not wake again and again at a cutoff
+    already gone (that spin held the GIL from the lane committing the last batch)."""
+
+    async def test(b: Batcher[str, str], model: FakeModel) -> tuple[Any, int, bool]:
+        wakes = 0
+        assert b._wake is not None
+        clear = b._wake.clear
+
+        def counted() -> None:
+            nonlocal wakes
+            wakes += 1
+            clear()
+
+        b._wake.clear = counted  # type: ignore[method-assign]
+        model.hold.clear()
+        first = asyncio.ensure_future(b.submit("first", group="g", facts=1, tokens=1))
+        await wait_entered(model)
+        second = asyncio.ensure_future(b.submit("second", group="h", facts=1, tokens=1))
+        await asyncio.sleep(0.01)
+        b.cut_off_at(asyncio.get_running_loop().time() + 0.05)
+        await asyncio.sleep(0.3)  # the cutoff passes while the first batch is held
+        refused_while_held = second.done() and isinstance(second.exception(), Unavailable)
+        model.hold.set()
+        return await first, wakes, refused_while_held
+
+    (served, wakes, refused), _, dead = drive(test, max_wait_s=0.0)
+    assert served.result == "first!" and not dead
+    assert refused
+    assert wakes < 20, wakes  # a handful of wake-ups, not one per turn of the loop
