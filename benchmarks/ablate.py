@@ -1,12 +1,12 @@
 """Ablation: the gate with each mechanism turned off, one at a time, on two groups of sets.
 
 Groups: our own labelled sets (written by our helpers from one README) and the outside sets
-(converted from public datasets by their own labels, issue 31). For every arm, strict and review
-run over the same staged cases; the models' scores are computed once per distinct text or pair
-(``engine.tuning.calibrate``'s memos in front of the embedder and the NLI model, the ones
-``memgate calibrate`` sweeps with; ``--memo`` keeps them between runs), so an arm costs only
-the gate's own logic and the pairs it newly asks for (turning normalisation off asks about the
-raw event text).
+(converted from public datasets by their own labels, issue 31); our sets the served judge was
+fitted on (by the sha256 its provenance records) are a group of their own. For every arm,
+strict and review run over the same staged cases; the models' scores are computed once per
+distinct text or pair (``engine.tuning.calibrate``'s memos in front of the embedder and the NLI
+model, the ones ``memgate calibrate`` sweeps with; ``--memo`` keeps them between runs), so an
+arm costs only the gate's own logic and the pairs it newly asks for.
 
 Per group and arm: strict ``net = correct - 3 x wrongful overwrites``, wrongful overwrites and
 update recall; review's share of true updates queued with the right target and of adds and
@@ -21,6 +21,7 @@ the outside group: a mechanism stays only if removing it costs there.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import pickle
 import sys
 import tempfile
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import add_common_args, run_header, save_results, table  # noqa: E402
+from benchmarks.bench_quality import judge_sets  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 OURS = ["heldout", *(f"heldout{n}" for n in range(2, 23))]
@@ -102,6 +104,22 @@ def retire(on: dict[str, Any], off: dict[str, Any]) -> tuple[bool, str]:
     return bool(why), "; ".join(why) or "no cost on the outside sets"
 
 
+def split_ours(
+    groups: dict[str, list[tuple[str, list[dict[str, Any]]]]], seen: set[str]
+) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
+    """Our sets the judge was fitted on (``seen``) as their own group, apart from the rest:
+    nothing is reported on the sets it was fitted on as if they were unseen."""
+    ours = groups.get("ours", [])
+    if not seen or not ours:
+        return groups
+    split = {
+        "ours, unseen by the judge": [(n, c) for n, c in ours if n not in seen],
+        "ours, judge fitted on them": [(n, c) for n, c in ours if n in seen],
+    }
+    rest = {g: sets for g, sets in groups.items() if g != "ours"}
+    return {g: sets for g, sets in {**split, **rest}.items() if sets}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,11 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     if "on" not in arms:
         arms = {"on": {}, **arms}
     groups: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {"ours": [], "outside": []}
+    sha_of: dict[str, dict[str, Any]] = {}  # our sets' bytes, to set the judge's own apart
     for name in args.ours:
         path = Path(name) if name.endswith(".jsonl") else DATA / f"{name}.jsonl"
         if path.stem in FROZEN:
             raise SystemExit(f"{path.stem} is frozen: it is never run")
         groups["ours"].append((path.stem, load_cases(path)))
+        sha_of[path.stem] = {"sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     for path in args.outside:
         groups["outside"].append((path.stem, load_cases(path)))
     if args.smoke:
@@ -166,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 if saved["models"] == [g0.nli.manifest.describe(), g0.embedder.manifest.describe()]:
                     nli._rows, emb._rows = saved["nli"], saved["embedder"]
             gate = Gate(g0.store, g0.index, emb, nli, g0.settings, g0.judge)
+            groups = split_ours(groups, judge_sets(g0.judge, sha_of))
             payload["judge"] = None if g0.judge is None else g0.judge.describe()
             n = 0
             for group, sets in groups.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.ablate import ARMS, retire
+from benchmarks.ablate import ARMS, retire, split_ours
 from engine.gate.policy import REVIEW, STRICT
 
 
@@ -30,3 +30,17 @@ def test_retirement_rule() -> None:
     assert retire(on, fig(100, 5, right=0.79))[0] is True
     assert retire(on, fig(100, 5, right=0.79, needless=0.05))[0] is False  # fewer queued
     assert retire(on, fig(130, 2)) == (False, "no cost on the outside sets")
+
+
+def test_our_sets_the_judge_was_fitted_on_are_a_group_of_their_own() -> None:
+    case = [{"id": "x"}]
+    groups = {"ours": [("heldout", case), ("heldout17", case)], "outside": [("dyknow", case)]}
+    split = split_ours(groups, {"heldout"})
+    assert split == {
+        "ours, unseen by the judge": [("heldout17", case)],
+        "ours, judge fitted on them": [("heldout", case)],
+        "outside": [("dyknow", case)],
+    }
+    assert split_ours(groups, set()) == groups  # no judge, or none of ours in its fit
+    only_seen = split_ours({"ours": [("heldout", case)]}, {"heldout"})
+    assert list(only_seen) == ["ours, judge fitted on them"]  # no empty group
