@@ -255,6 +255,24 @@ def _int8_blocks(w: Any, block: int) -> tuple[Any, Any]:
     return np.ascontiguousarray(codes.astype(np.uint8).reshape(n, k).T), scales
 
 
+def prune(g: Any, nodes: list[Any], added: Sequence[Any] = ()) -> None:
+    """Set ``g``'s nodes to those of ``nodes`` (in order) that feed a graph output, and its
+    initializers to those of ``g`` and ``added`` that the kept nodes read."""
+    live = {o.name for o in g.output}
+    keep = []
+    for n in reversed(nodes):
+        if any(o in live for o in n.output):
+            keep.append(n)
+            live.update(_node_inputs(n))
+    keep.reverse()
+    del g.node[:]
+    g.node.extend(keep)
+    used = {i for n in keep for i in _node_inputs(n)}
+    inits = [i for i in [*g.initializer, *added] if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+
+
 def _node_inputs(node: Any) -> set[str]:
     """A node's inputs, with the outer-scope names its subgraphs (``If`` branches) read."""
     names = {i for i in node.input if i}
@@ -629,19 +647,7 @@ def _rewrite(
             new = replaced.get(id(n), n)
             nodes.extend(new if isinstance(new, list) else [new])
     # Drop what no longer feeds an output (the activation quantisers, the scale products).
-    live = {o.name for o in g.output}
-    keep = []
-    for n in reversed(nodes):
-        if any(o in live for o in n.output):
-            keep.append(n)
-            live.update(_node_inputs(n))
-    keep.reverse()
-    del g.node[:]
-    g.node.extend(keep)
-    used = {i for n in keep for i in _node_inputs(n)}
-    kept_inits = [i for i in list(g.initializer) + added if i.name in used]
-    del g.initializer[:]
-    g.initializer.extend(kept_inits)
+    prune(g, nodes, added)
     if target in ("blockwise", "rowwise") and not any(
         o.domain == "com.microsoft" for o in model.opset_import
     ):

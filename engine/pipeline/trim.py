@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ModelError
-from engine.pipeline.graph import _node_inputs, read, wiring
+from engine.pipeline.graph import _node_inputs, prune, read, wiring
 
 __all__ = ["PREFIX", "TRIM_METHOD", "trim_graph"]
 
@@ -121,20 +121,7 @@ class _Edit:
             nodes.extend(self.before.get(id(n), []))
             if id(n) not in self.dead:
                 nodes.append(n)
-        nodes = _topological(nodes)
-        live = set(outputs)
-        keep = []
-        for n in reversed(nodes):
-            if any(o in live for o in n.output):
-                keep.append(n)
-                live.update(_node_inputs(n))
-        keep.reverse()
-        del g.node[:]
-        g.node.extend(keep)
-        used = {i for n in keep for i in _node_inputs(n)}
-        inits = [i for i in list(g.initializer) + list(self.inits.values()) if i.name in used]
-        del g.initializer[:]
-        g.initializer.extend(inits)
+        prune(g, _topological(nodes), list(self.inits.values()))
 
 
 def _topological(nodes: list[Any]) -> list[Any]:
@@ -323,44 +310,22 @@ def _relative(edit: _Edit, scalars: dict[str, float]) -> dict[str, int]:
         if div is not None:
             nodes.append(helper.make_node("Div", [rows, div.input[1]], [p + "rows_s"]))
             rows = p + "rows_s"
-        if transposed:
-            # p2c: N = rows . K^T, [B, H, 2W, L]; out[q, k] = N[pos[k, q], k] (gather along rows)
-            nodes += [
-                helper.make_node(
-                    "FusedMatMul",
-                    [rows, p + "x4"],
-                    [p + "scores"],
-                    domain="com.microsoft",
-                    transA=0,
-                    transB=1,
-                    alpha=1.0,
-                ),
-                helper.make_node(
-                    "Concat",
-                    [const("minus1", [-1]), p + "width", p + "len"],
-                    [p + "shape3"],
-                    axis=0,
-                ),
-            ]
-        else:
-            # c2p: Q . rows^T, [B, H, L, 2W]; out[i, j] = that[i, pos[i, j]]
-            nodes += [
-                helper.make_node(
-                    "FusedMatMul",
-                    [p + "x4", rows],
-                    [p + "scores"],
-                    domain="com.microsoft",
-                    transA=0,
-                    transB=1,
-                    alpha=1.0,
-                ),
-                helper.make_node(
-                    "Concat",
-                    [const("minus1", [-1]), p + "len", p + "width"],
-                    [p + "shape3"],
-                    axis=0,
-                ),
-            ]
+        # p2c: N = rows . K^T, [B, H, 2W, L]; out[q, k] = N[pos[k, q], k] (gather along rows)
+        # c2p: Q . rows^T, [B, H, L, 2W]; out[i, j] = that[i, pos[i, j]]
+        product = [rows, p + "x4"] if transposed else [p + "x4", rows]
+        dims = [p + "width", p + "len"] if transposed else [p + "len", p + "width"]
+        nodes += [
+            helper.make_node(
+                "FusedMatMul",
+                product,
+                [p + "scores"],
+                domain="com.microsoft",
+                transA=0,
+                transB=1,
+                alpha=1.0,
+            ),
+            helper.make_node("Concat", [const("minus1", [-1]), *dims], [p + "shape3"], axis=0),
+        ]
         nodes.append(helper.make_node("Reshape", [p + "scores", p + "shape3"], [p + "data"]))
         # One [B*H, L, L] index per distinct position tensor, shared by every layer that reads it
         key = (signature(pos), start, transposed)
