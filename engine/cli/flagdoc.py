@@ -62,13 +62,19 @@ def flag_table(parser: argparse.ArgumentParser, *, skip: Sequence[str] = ("-h",)
     return "\n".join(rows) + "\n"
 
 
+def between(text: str, begin: str, end: str, block: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` replaced by ``block``
+    (the generated blocks of the README and the docs)."""
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not (sep and sep2):
+        raise ValueError(f"no {begin} ... {end} markers")
+    return f"{head}{begin}\n{block}{end}{tail}"
+
+
 def with_table(text: str, table: str) -> str:
     """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by ``table``."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not (sep and sep2):
-        raise ValueError("no serve-flags markers")
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
+    return between(text, BEGIN, END, table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.cli.flagdoc import between
 from engine.gate.table import ROWS, Entry, Example, Row
 
 __all__ = ["BEGIN", "END", "full_table", "main", "readme_table", "with_table"]
@@ -83,11 +84,7 @@ def full_table(rows: Sequence[Row] = ROWS) -> str:
 
 def with_table(text: str, table: str) -> str:
     """``text`` with the block between :data:`BEGIN` and :data:`END` replaced by ``table``."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not (sep and sep2):
-        raise ValueError("no decision-table markers")
-    return f"{head}{BEGIN}\n{table}{END}{tail}"
+    return between(text, BEGIN, END, table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
