@@ -361,6 +361,9 @@ class Verdict:
     candidates: tuple[Candidate, ...]
 
 
+S4 = True
+
+
 def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     """Apply the policy to the candidates' evidence (any order)."""
     ranked = sorted(evidence, key=lambda e: -e.similarity)
@@ -428,6 +431,8 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         reasons[best.memory_id] = (False, Reason.OLDER_THAN_TARGET)
         return out("add", None, Rule.OLDER_THAN_TARGET)
     for rival in (ev for ev in passing if ev is not best):
+        if S4 and rival.subject in (Subject.DISJOINT, Subject.APART):
+            continue
         if abs(best.similarity - rival.similarity) < policy.ambiguity_margin:
             reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)
             return out("review", best.memory_id, Rule.AMBIGUOUS_TARGET)

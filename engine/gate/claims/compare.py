@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from engine.gate.claims import when
+from engine.gate.claims.canon import values
 from engine.gate.claims.claim import Claim
 from engine.gate.overlap import close
 
@@ -236,6 +238,7 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
 
 
 _TIME_KINDS = ("year:", "month:", "date:")
+S1 = True
 
 
 def beyond_time(memory: Claim, fact: Claim) -> bool:
@@ -245,6 +248,8 @@ def beyond_time(memory: Claim, fact: Claim) -> bool:
     year is the value, a correction, not a time qualifier)."""
 
     def rest(c: Claim) -> frozenset[str]:
+        if S1:
+            return c.values - values(when.qualifier(c.text))
         return frozenset(v for v in c.values if not v.startswith(_TIME_KINDS))
 
     return rest(memory) != rest(fact) or memory.content != fact.content

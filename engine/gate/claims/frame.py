@@ -13,6 +13,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from engine.gate.claims import when
+from engine.gate.claims.canon import values
 from engine.gate.claims.claim import claim
 from engine.gate.claims.compare import coverage
 from engine.gate.claims.nlp import parse
@@ -21,6 +23,22 @@ from engine.gate.names import Subject
 __all__ = ["frame", "shared_subject", "subject_relation"]
 
 _KEEP_POS = frozenset({"NOUN", "VERB", "ADJ", "PROPN"})
+S1 = True
+S2 = True
+
+
+@lru_cache(maxsize=65536)
+def _modifiers(text: str) -> frozenset[str]:
+    """Nouns of the prepositional phrases inside the subject phrase: "in Denmark" of "the
+    median wage in Denmark", "of state" of "the head of state"."""
+    out: set[str] = set()
+    for tok in parse(text):
+        if tok.dep_ not in ("nsubj", "nsubjpass"):
+            continue
+        for t in tok.subtree:
+            if t.dep_ == "pobj" and t.pos_ in ("NOUN", "PROPN") and not t.is_stop:
+                out.add(str(t.lemma_).lower())
+    return frozenset(out)
 
 
 def shared_subject(a: str, b: str) -> frozenset[str]:
@@ -39,12 +57,19 @@ def subject_relation(a: str, b: str) -> Subject:
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return Subject.UNKNOWN
-    if _named_apart(ca.subject_values, cb.subject_values):
+    sa, sb = ca.subject_values, cb.subject_values
+    if S1:
+        sa, sb = sa - values(when.qualifier(a)), sb - values(when.qualifier(b))
+    if _named_apart(sa, sb):
         return Subject.APART  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
         return Subject.DISJOINT  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
-    if _unmatched(ca.qualifiers, wb | cb.names) and _unmatched(cb.qualifiers, wa | ca.names):
+    qa, qb = ca.qualifiers, cb.qualifiers
+    if S2:
+        ma, mb = _modifiers(a), _modifiers(b)
+        qa, qb = qa | (ma - mb), qb | (mb - ma)
+    if _unmatched(qa, wb | cb.names) and _unmatched(qb, wa | ca.names):
         return Subject.DISJOINT  # the hallway thermostat, the garden office one
     return Subject.SHARED if ca.subject & wb or cb.subject & wa else Subject.DISJOINT
 

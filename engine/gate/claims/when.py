@@ -17,7 +17,7 @@ import calendar
 import re
 from dataclasses import dataclass
 
-__all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "stamp"]
+__all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "qualifier", "stamp"]
 
 MARKERS: tuple[str, ...] = (
     "as of",
@@ -100,6 +100,15 @@ def stamp(text: str) -> Stamp | None:
     if _NOW.search(_NOT_NOW.sub(" ", text)):
         return Stamp(now=True)
     return None
+
+
+def qualifier(text: str) -> str:
+    """The words of the first dated time qualifier of ``text`` ("as of 1970"), or empty: the
+    values in them say when the statement holds, not what it says."""
+    for m in _TIMED.finditer(text):
+        if _date(m) is not None:
+            return m.group(0)
+    return ""
 
 
 def _date(m: re.Match[str]) -> Stamp | None:
