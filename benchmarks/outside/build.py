@@ -23,7 +23,7 @@ Usage (paths are files of the fetched repositories, at the commits the README na
         --out benchmarks/data/outside/dyknow.jsonl
     python benchmarks/outside/build.py situatedqa --source SituatedQA/data/raw_data \
         --out benchmarks/data/outside/situatedqa.jsonl
-    python benchmarks/outside/build.py openpi --source DIR_WITH_{dev,test}.id_answers_metadata.jsonl \
+    python benchmarks/outside/build.py openpi --source DIR_OF_{dev,test}.id_answers_metadata.jsonl \
         --out benchmarks/data/outside/openpi.jsonl
 """
 
@@ -460,7 +460,11 @@ def openpi_changes(rows: Iterable[dict[str, Any]]) -> list[Change]:
             answer = str(a.get("answer") or "").strip()
             if not all(fields) or not answer or _norm(fields[2]) == _norm(fields[3]):
                 continue
-            out.setdefault((url, int(step), answer), Change(url, int(step), *fields, answer))
+            entity, attr, before, after = fields
+            out.setdefault(
+                (url, int(step), answer),
+                Change(url, int(step), entity, attr, before, after, answer),
+            )
     return sorted(out.values(), key=lambda c: (c.url, c.step, c.answer))
 
 
@@ -525,7 +529,7 @@ def openpi(
             and _norm(o.after) not in vals
             and _norm(o.before) not in vals
         }
-        return [pool_key for pool_key in rng.sample(sorted(pool), min(k, len(pool)))]
+        return rng.sample(sorted(pool), min(k, len(pool)))
 
     def lookalikes(inc: Change, k: int) -> list[str]:
         mine = _words(inc.entity)
@@ -545,7 +549,7 @@ def openpi(
     by_key: dict[tuple[str, str, str], list[Change]] = {}
     for c in changes:
         by_key.setdefault(c.key, []).append(c)
-    updates = {}
+    updates: dict[tuple[str, str], tuple[Change, Change]] = {}
     for group in by_key.values():
         for old in group:
             for new in group:
@@ -566,7 +570,7 @@ def openpi(
         )
         cases.append(_case("", "explicit_update", mems, _said(new), "replace", 0, note, rng))
 
-    dups = {}
+    dups: dict[tuple[str, str], tuple[Change, Change]] = {}
     for group in by_key.values():
         for a in group:
             for b in group:
@@ -590,7 +594,7 @@ def openpi(
         )
         cases.append(_case("", "duplicate", mems, _said(inc), "skip", 0, note, rng))
 
-    restated = {}
+    restated: dict[tuple[str, str], tuple[Change, Change]] = {}
     for group in by_key.values():
         for a in group:
             for b in group:
@@ -643,8 +647,8 @@ def openpi(
         cases.append(_case("", "lookalike", [*lk, *ss], _said(inc), "add", None, note, rng))
         n += 1
 
-    for i, c in enumerate(cases, 1):
-        c["id"] = f"pi-{i:04d}"
+    for i, case in enumerate(cases, 1):
+        case["id"] = f"pi-{i:04d}"
     return cases
 
 
