@@ -485,6 +485,13 @@ def _words(text: str) -> set[str]:
     return set(_norm(text).split())
 
 
+def _other_entity(a: str, b: str) -> bool:
+    """Two entity names are two subjects only where they share no word and neither, with its
+    spaces removed, holds the other ("stretch marks" and "stretchmarks" are one subject)."""
+    ja, jb = _norm(a).replace(" ", ""), _norm(b).replace(" ", "")
+    return not (_words(a) & _words(b)) and ja not in jb and jb not in ja
+
+
 def openpi(
     changes: Sequence[Change], *, per_kind: int = 150, seed: int = SEED
 ) -> list[dict[str, Any]]:
@@ -508,8 +515,9 @@ def openpi(
       procedure (preferring those whose value is the incoming ``before``), never the incoming
       entity's.
 
-    Other entities share no word with the incoming entity (so "eraser" and "blackboard eraser"
-    are never two subjects). A same-subject distractor's value differs from the incoming
+    Other entities share no word with the incoming entity and neither name, spaces removed,
+    holds the other (so "eraser" and "blackboard eraser", or "stretch marks" and
+    "stretchmarks", are never two subjects). A same-subject distractor's value differs from the incoming
     ``before`` and ``after`` (so "moisture of clothes is wet" never stands beside "wetness of
     clothes was wet before ..."). Every update store also holds up to 2 same-subject
     distractors and up to 2 lookalikes.
@@ -532,11 +540,10 @@ def openpi(
         return rng.sample(sorted(pool), min(k, len(pool)))
 
     def lookalikes(inc: Change, k: int) -> list[str]:
-        mine = _words(inc.entity)
         others = [
             o
             for o in by_url[inc.url]
-            if _norm(o.attr) == _norm(inc.attr) and not (_words(o.entity) & mine)
+            if _norm(o.attr) == _norm(inc.attr) and _other_entity(o.entity, inc.entity)
         ]
         same_value = sorted({_state(o) for o in others if _norm(o.after) == _norm(inc.before)})
         rest = sorted({_state(o) for o in others} - set(same_value))

@@ -21,7 +21,7 @@ OUTSIDE = ROOT / "benchmarks" / "data" / "outside"
 SETS = [
     ("dyknow", "dk", "2af59ff7797a244021595d028e5a3588157b50b107a99f83433247f250937912", True),
     ("situatedqa", "sq", "7cbac7b46ce62cbfcf0f4e7088e5508c0cf358be3ea77f1af7f472b6900343a2", False),
-    ("openpi", "pi", "8335afbba348fa64c10f899a49228a0e967422a07215f807baa639f2440ceb19", True),
+    ("openpi", "pi", "05362e1d8a7e6a7b01a51d0f47fc72629c2997fa4a1850585293adfe392e421a", True),
 ]
 ACTIONS = {"replace", "add", "skip", "review"}
 
@@ -423,6 +423,14 @@ def test_openpi_label_rules_on_a_small_procedure() -> None:
         not any(m["text"].startswith("Moisture of cup") for m in c["memories"]) for c in wet
     )
     assert b.openpi(changes, per_kind=20) == cases  # seeded: the same input builds the same set
+
+
+def test_openpi_two_names_are_two_subjects_only_when_nothing_is_shared() -> None:
+    b = _build()
+    assert b._other_entity("plate", "cup")
+    assert not b._other_entity("eraser", "the blackboard eraser")  # a shared word
+    assert not b._other_entity("stretch marks", "Stretchmarks")  # one name, spaced two ways
+    assert not b._other_entity("The Cup", "cup.")
 
 
 def test_check_refuses_a_target_outside_the_store() -> None:
