@@ -517,10 +517,10 @@ def openpi(
 
     Other entities share no word with the incoming entity and neither name, spaces removed,
     holds the other (so "eraser" and "blackboard eraser", or "stretch marks" and
-    "stretchmarks", are never two subjects). A same-subject distractor's value differs from the incoming
-    ``before`` and ``after`` (so "moisture of clothes is wet" never stands beside "wetness of
-    clothes was wet before ..."). Every update store also holds up to 2 same-subject
-    distractors and up to 2 lookalikes.
+    "stretchmarks", are never two subjects). A same-subject distractor's value differs from
+    the incoming ``before`` and ``after`` (so "moisture of clothes is wet" never stands beside
+    "wetness of clothes was wet before ..."). Every update store also holds up to 2
+    same-subject distractors and up to 2 lookalikes.
     """
     rng = random.Random(seed)
     by_url: dict[str, list[Change]] = {}
