@@ -9,6 +9,10 @@ sentences. Each source has one converter function, seeded and deterministic:
 * :func:`situatedqa` reads SituatedQA's ``raw_data/temp.*.jsonl`` and ``raw_data/geo.*.jsonl``
   (mikejqzhang/SituatedQA): questions whose answer changed at annotated start dates, and
   questions whose answer depends on an annotated location.
+* :func:`openpi` reads OpenPI's ``data/gold/{dev,test}/id_answers_metadata.jsonl``
+  (allenai/openpi-dataset, MIT): per procedure step, crowd workers' own sentences "<attr> of
+  <entity> was <before> before and <after> afterwards" with the four parts annotated; the event
+  phrasing with the old value spelled out.
 
 The label rules are written next to each function and in ``benchmarks/data/outside/README.md``.
 The sets are for reporting only: nothing may be fitted or tuned on them.
@@ -19,6 +23,8 @@ Usage (paths are files of the fetched repositories, at the commits the README na
         --out benchmarks/data/outside/dyknow.jsonl
     python benchmarks/outside/build.py situatedqa --source SituatedQA/data/raw_data \
         --out benchmarks/data/outside/situatedqa.jsonl
+    python benchmarks/outside/build.py openpi --source DIR_OF_{dev,test}.id_answers_metadata.jsonl \
+        --out benchmarks/data/outside/openpi.jsonl
 """
 
 from __future__ import annotations
@@ -412,6 +418,248 @@ def situatedqa(
 
 
 # --------------------------------------------------------------------------------------------
+# OpenPI (annotated entity state changes: entity, attribute, before, after, per step)
+# --------------------------------------------------------------------------------------------
+
+_ARTICLE = re.compile(r"\b(the|a|an)\b")
+
+
+def _norm(text: str) -> str:
+    """Case, articles, punctuation and spacing folded; nothing else (no synonyms, no stems)."""
+    t = _ARTICLE.sub(" ", text.lower())
+    t = re.sub(r"[^\w\s']", " ", t)
+    return re.sub(r"\s+", " ", t).strip()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One OpenPI answer: in procedure ``url`` at step ``step``, ``attr`` of ``entity`` was
+    ``before`` before the step and ``after`` afterwards (``answer`` is the annotator's sentence)."""
+
+    url: str
+    step: int
+    entity: str
+    attr: str
+    before: str
+    after: str
+    answer: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.url, _norm(self.entity), _norm(self.attr))
+
+
+def openpi_changes(rows: Iterable[dict[str, Any]]) -> list[Change]:
+    """The ``answers_metadata`` of OpenPI's ``id_answers_metadata.jsonl`` rows, one
+    :class:`Change` per answer with every field filled in; repeated answers kept once."""
+    out: dict[tuple[str, int, str], Change] = {}
+    for row in rows:
+        url, step = row["id"].rsplit("||", 1)
+        for a in row.get("answers_metadata", []):
+            fields = [str(a.get(k) or "").strip() for k in ("entity", "attr", "before", "after")]
+            answer = str(a.get("answer") or "").strip()
+            if not all(fields) or not answer or _norm(fields[2]) == _norm(fields[3]):
+                continue
+            entity, attr, before, after = fields
+            out.setdefault(
+                (url, int(step), answer),
+                Change(url, int(step), entity, attr, before, after, answer),
+            )
+    return sorted(out.values(), key=lambda c: (c.url, c.step, c.answer))
+
+
+def _said(c: Change) -> str:
+    """The annotator's own sentence, first letter capitalised, ending in one period."""
+    a = c.answer.strip().rstrip(".").strip()
+    return f"{a[0].upper()}{a[1:]}."
+
+
+def _state(c: Change) -> str:
+    """The state after the step, from the annotation's own fields:
+    ``<attr> of <entity> is <after>.``"""
+    a = f"{c.attr} of {c.entity} is {c.after}"
+    return f"{a[0].upper()}{a[1:]}."
+
+
+def _words(text: str) -> set[str]:
+    return set(_norm(text).split())
+
+
+def _other_entity(a: str, b: str) -> bool:
+    """Two entity names are two subjects only where they share no word and neither, with its
+    spaces removed, holds the other ("stretch marks" and "stretchmarks" are one subject)."""
+    ja, jb = _norm(a).replace(" ", ""), _norm(b).replace(" ", "")
+    return not (_words(a) & _words(b)) and ja not in jb and jb not in ja
+
+
+def openpi(
+    changes: Sequence[Change], *, per_kind: int = 150, seed: int = SEED
+) -> list[dict[str, Any]]:
+    """Cases from OpenPI. Label rules (all from the dataset's own annotations; names and
+    values compared after :func:`_norm` only):
+
+    * ``explicit_update`` -> replace, target the stored state: one procedure, entity and
+      attribute; the stored fact is the state after step i (``<attr> of <entity> is <A>.``) and
+      the incoming fact is an annotator's own sentence for a later step j whose annotated
+      ``before`` is A and whose ``after`` is not: "<attr> of <entity> was A before and B
+      afterwards.".
+    * ``duplicate`` -> skip, target the stored sentence: two annotators' own sentences for one
+      step, entity and attribute with the same ``before`` and the same ``after``.
+    * ``restated`` -> skip, target the stored state: the stored fact is annotator 1's state
+      after step i (``<attr> of <entity> is <B>.``); the incoming fact is annotator 2's own
+      sentence for the same step, entity and attribute, ending in the same ``after`` B (its
+      ``before`` may differ): it adds no new state.
+    * ``other_attribute`` -> add: the store holds only other attributes of the same entity in
+      the procedure (and one lookalike); the incoming attribute has no stored fact.
+    * ``lookalike`` -> add: the store holds the same attribute of other entities of the
+      procedure (preferring those whose value is the incoming ``before``), never the incoming
+      entity's.
+
+    Other entities share no word with the incoming entity and neither name, spaces removed,
+    holds the other (so "eraser" and "blackboard eraser", or "stretch marks" and
+    "stretchmarks", are never two subjects). A same-subject distractor's value differs from
+    the incoming ``before`` and ``after`` (so "moisture of clothes is wet" never stands beside
+    "wetness of clothes was wet before ..."). Every update store also holds up to 2
+    same-subject distractors and up to 2 lookalikes.
+    """
+    rng = random.Random(seed)
+    by_url: dict[str, list[Change]] = {}
+    for c in changes:
+        by_url.setdefault(c.url, []).append(c)
+
+    def same_subject(inc: Change, k: int) -> list[str]:
+        vals = {_norm(inc.before), _norm(inc.after)}
+        pool = {
+            _state(o): o
+            for o in by_url[inc.url]
+            if _norm(o.entity) == _norm(inc.entity)
+            and _norm(o.attr) != _norm(inc.attr)
+            and _norm(o.after) not in vals
+            and _norm(o.before) not in vals
+        }
+        return rng.sample(sorted(pool), min(k, len(pool)))
+
+    def lookalikes(inc: Change, k: int) -> list[str]:
+        others = [
+            o
+            for o in by_url[inc.url]
+            if _norm(o.attr) == _norm(inc.attr) and _other_entity(o.entity, inc.entity)
+        ]
+        same_value = sorted({_state(o) for o in others if _norm(o.after) == _norm(inc.before)})
+        rest = sorted({_state(o) for o in others} - set(same_value))
+        picked = rng.sample(same_value, min(k, len(same_value)))
+        picked += rng.sample(rest, min(k - len(picked), len(rest)))
+        return picked
+
+    cases: list[dict[str, Any]] = []
+
+    by_key: dict[tuple[str, str, str], list[Change]] = {}
+    for c in changes:
+        by_key.setdefault(c.key, []).append(c)
+    updates: dict[tuple[str, str], tuple[Change, Change]] = {}
+    for group in by_key.values():
+        for old in group:
+            for new in group:
+                if (
+                    new.step > old.step
+                    and _norm(new.before) == _norm(old.after)
+                    and _norm(new.after) != _norm(old.after)
+                ):
+                    updates.setdefault((_state(old), _said(new)), (old, new))
+    pairs = [updates[k] for k in sorted(updates)]
+    rng.shuffle(pairs)
+    for old, new in pairs[:per_kind]:
+        ss, lk = same_subject(new, 2), lookalikes(new, 2)
+        mems = [_state(old), *ss, *lk]
+        note = (
+            f"{old.url}: {old.attr} of {old.entity} = {old.after!r} after step {old.step};"
+            f" step {new.step}: before {new.before!r}, after {new.after!r}{_tally(ss, lk)}"
+        )
+        cases.append(_case("", "explicit_update", mems, _said(new), "replace", 0, note, rng))
+
+    dups: dict[tuple[str, str], tuple[Change, Change]] = {}
+    for group in by_key.values():
+        for a in group:
+            for b in group:
+                if (
+                    a.step == b.step
+                    and a.answer < b.answer
+                    and _said(a) != _said(b)
+                    and _norm(a.before) == _norm(b.before)
+                    and _norm(a.after) == _norm(b.after)
+                ):
+                    dups.setdefault((_said(a), _said(b)), (a, b))
+    dup_pairs = [dups[k] for k in sorted(dups)]
+    rng.shuffle(dup_pairs)
+    for a, b in dup_pairs[:per_kind]:
+        stored, inc = (a, b) if rng.random() < 0.5 else (b, a)
+        ss, lk = same_subject(inc, 2), lookalikes(inc, 2)
+        mems = [_said(stored), *ss, *lk]
+        note = (
+            f"{a.url} step {a.step}: two annotators, {a.attr} of {a.entity}"
+            f" {a.before!r} -> {a.after!r}{_tally(ss, lk)}"
+        )
+        cases.append(_case("", "duplicate", mems, _said(inc), "skip", 0, note, rng))
+
+    restated: dict[tuple[str, str], tuple[Change, Change]] = {}
+    for group in by_key.values():
+        for a in group:
+            for b in group:
+                if (
+                    a.step == b.step
+                    and a.answer != b.answer
+                    and _norm(a.after) == _norm(b.after)
+                    and _state(a) != _said(b)
+                ):
+                    restated.setdefault((_state(a), _said(b)), (a, b))
+    re_pairs = [restated[k] for k in sorted(restated)]
+    rng.shuffle(re_pairs)
+    for a, b in re_pairs[:per_kind]:
+        ss, lk = same_subject(b, 2), lookalikes(b, 2)
+        note = (
+            f"{a.url} step {a.step}: {a.attr} of {a.entity} is {a.after!r} after the step"
+            f" (annotator 1); annotator 2 says {b.before!r} -> {b.after!r}{_tally(ss, lk)}"
+        )
+        mems = [_state(a), *ss, *lk]
+        cases.append(_case("", "restated", mems, _said(b), "skip", 0, note, rng))
+
+    singles = sorted({c.answer: c for c in changes}.values(), key=lambda c: (c.url, c.answer))
+    rng.shuffle(singles)
+    n = 0
+    for inc in singles:
+        if n == per_kind:
+            break
+        ss, lk = same_subject(inc, 3), lookalikes(inc, 1)
+        if not ss:
+            continue
+        note = (
+            f"{inc.url} step {inc.step}: the store has other attributes of {inc.entity} only;"
+            f" incoming {inc.attr}{_tally(ss, lk)}"
+        )
+        cases.append(_case("", "other_attribute", [*ss, *lk], _said(inc), "add", None, note, rng))
+        n += 1
+    rng.shuffle(singles)
+    n = 0
+    for inc in singles:
+        if n == per_kind:
+            break
+        lk, ss = lookalikes(inc, 3), same_subject(inc, 1)
+        if not lk:
+            continue
+        same_value = sum(1 for t in lk if _norm(t).endswith(f" is {_norm(inc.before)}"))
+        note = (
+            f"{inc.url} step {inc.step}: the store has {inc.attr} of other entities only,"
+            f" {same_value} with the incoming before value{_tally(ss, lk)}"
+        )
+        cases.append(_case("", "lookalike", [*lk, *ss], _said(inc), "add", None, note, rng))
+        n += 1
+
+    for i, case in enumerate(cases, 1):
+        case["id"] = f"pi-{i:04d}"
+    return cases
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def check(cases: Sequence[dict[str, Any]]) -> None:
@@ -470,13 +718,16 @@ def write(cases: Sequence[dict[str, Any]], out: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("source_name", choices=["dyknow", "situatedqa"])
+    ap.add_argument("source_name", choices=["dyknow", "situatedqa", "openpi"])
     ap.add_argument("--source", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.source_name == "dyknow":
         cases = dyknow(json.loads(args.source.read_text(encoding="utf-8")))
         files = [args.source]
+    elif args.source_name == "openpi":
+        files = sorted(args.source.glob("*.id_answers_metadata.jsonl"))
+        cases = openpi(openpi_changes(_read_jsonl(files)))
     else:
         temp = sorted(args.source.glob("temp.*.jsonl"))
         geo = sorted(args.source.glob("geo.*.jsonl"))

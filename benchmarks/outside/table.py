@@ -15,8 +15,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ARMS = ("seedlike", "strict", "strict-nojudge", "seedlike-review", "review")
-CATEGORIES = ("state_update", "earlier_dated", "duplicate", "other_relation", "lookalike")
+ARMS = ("seed", "seedlike", "strict", "strict-nojudge", "seed-review", "seedlike-review", "review")
+CATEGORIES = (
+    "state_update",
+    "earlier_dated",
+    "explicit_update",
+    "duplicate",
+    "restated",
+    "other_relation",
+    "other_attribute",
+    "lookalike",
+)
 
 
 def _row(name: str, arm: str, m: dict[str, Any]) -> str:

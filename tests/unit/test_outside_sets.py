@@ -21,6 +21,7 @@ OUTSIDE = ROOT / "benchmarks" / "data" / "outside"
 SETS = [
     ("dyknow", "dk", "2af59ff7797a244021595d028e5a3588157b50b107a99f83433247f250937912", True),
     ("situatedqa", "sq", "7cbac7b46ce62cbfcf0f4e7088e5508c0cf358be3ea77f1af7f472b6900343a2", False),
+    ("openpi", "pi", "05362e1d8a7e6a7b01a51d0f47fc72629c2997fa4a1850585293adfe392e421a", True),
 ]
 ACTIONS = {"replace", "add", "skip", "review"}
 
@@ -245,6 +246,191 @@ def test_situatedqa_label_rules_on_a_small_question() -> None:
     look = by["lookalike"]
     assert look["expected"] == {"action": "add", "target": None}
     assert len(look["memories"]) == 2
+
+
+def _pi(step: int, entity: str, attr: str, before: str, after: str, answer: str) -> dict:
+    return {
+        "_step": step,
+        "entity": entity,
+        "attr": attr,
+        "before": before,
+        "after": after,
+        "answer": answer,
+        "modality": "without_image",
+    }
+
+
+def test_openpi_label_rules_on_a_small_procedure() -> None:
+    b = _build()
+    answers = [
+        _pi(
+            1,
+            "cup",
+            "location",
+            "on shelf",
+            "on table",
+            "location of cup was on shelf before and on table afterwards",
+        ),
+        # a second annotator, same step, same before and after: a duplicate
+        _pi(
+            1,
+            "the cup",
+            "location",
+            "on the shelf",
+            "on the table",
+            "location of the cup was on the shelf before, and on the table afterwards.",
+        ),
+        # a third annotator, same step and after, another before: restated
+        _pi(
+            1,
+            "cup",
+            "location",
+            "in cupboard",
+            "on table",
+            "location of cup was in cupboard before and on table afterwards",
+        ),
+        # step 2 starts where step 1 ended: the explicit update
+        _pi(
+            2,
+            "cup",
+            "location",
+            "on table",
+            "in sink",
+            "location of cup was on table before and in sink afterwards",
+        ),
+        # step 2 from a value no step ended in: never an update
+        _pi(
+            2,
+            "cup",
+            "location",
+            "on counter",
+            "in drawer",
+            "location of cup was on counter before and in drawer afterwards",
+        ),
+        _pi(
+            2,
+            "cup",
+            "temperature",
+            "cold",
+            "hot",
+            "temperature of cup was cold before and hot afterwards",
+        ),
+        _pi(2, "cup", "wetness", "dry", "wet", "wetness of cup was dry before and wet afterwards"),
+        _pi(
+            2,
+            "cup",
+            "moisture",
+            "dry",
+            "damp",
+            "moisture of cup was dry before and damp afterwards",
+        ),
+        _pi(
+            2,
+            "cup",
+            "cleanness",
+            "dirty",
+            "clean",
+            "cleanness of cup was dirty before and clean afterwards",
+        ),
+        # another entity of the procedure whose value is the update's old value: a lookalike
+        _pi(
+            1,
+            "plate",
+            "location",
+            "in sink",
+            "on table",
+            "location of plate was in sink before and on table afterwards",
+        ),
+        # shares a word with "cup": never a lookalike of the cup
+        _pi(
+            1,
+            "coffee cup",
+            "location",
+            "in box",
+            "on table",
+            "location of coffee cup was in box before and on table afterwards",
+        ),
+        _pi(
+            1,
+            "spoon",
+            "location",
+            "in drawer",
+            "in cup",
+            "location of spoon was in drawer before and in cup afterwards",
+        ),
+        # no change annotated: dropped
+        _pi(
+            2,
+            "plate",
+            "shape",
+            "round",
+            "round",
+            "shape of plate was round before and round afterwards",
+        ),
+    ]
+    rows: dict[int, list[dict]] = collections.defaultdict(list)
+    for a in answers:
+        rows[a.pop("_step")].append(a)
+    changes = b.openpi_changes(
+        [{"id": f"www.x/Wash-a-Cup||{k}", "answers_metadata": v} for k, v in sorted(rows.items())]
+    )
+    assert len(changes) == len(answers) - 1
+    cases = b.openpi(changes, per_kind=20)
+    b.check(cases)
+    by: dict[str, list[dict]] = collections.defaultdict(list)
+    for c in cases:
+        by[c["category"]].append(c)
+
+    def target(c: dict) -> str:
+        return {m["id"]: m["text"] for m in c["memories"]}[c["expected"]["target"]]
+
+    ups = by["explicit_update"]
+    # two stored wordings of the step-1 state (two annotators), one incoming step-2 sentence
+    assert {target(c) for c in ups} == {
+        "Location of cup is on table.",
+        "Location of the cup is on the table.",
+    }
+    for up in ups:
+        assert up["expected"]["action"] == "replace"
+        assert up["incoming"] == "Location of cup was on table before and in sink afterwards."
+        texts = {m["text"] for m in up["memories"]}
+        assert "Location of plate is on table." in texts  # the lookalike with the old value
+        assert not any("coffee cup" in t for t in texts)
+    (dup,) = by["duplicate"]
+    assert dup["expected"]["action"] == "skip"
+    assert {target(dup), dup["incoming"]} == {
+        "Location of cup was on shelf before and on table afterwards.",
+        "Location of the cup was on the shelf before, and on the table afterwards.",
+    }
+    restated = by["restated"]
+    assert restated and all(c["expected"]["action"] == "skip" for c in restated)
+    for c in restated:  # the stored state is the value the incoming sentence ends in
+        assert b._norm(target(c)).endswith(" is on table")
+        assert b._norm(c["incoming"]).endswith("on table afterwards")
+    for c in by["lookalike"] + by["other_attribute"]:
+        assert c["expected"] == {"action": "add", "target": None}
+        head = c["incoming"].split(" was ")[0]  # "<Attr> of <entity>"
+        assert not any(m["text"].startswith(head + " is ") for m in c["memories"]), c
+    for c in by["other_attribute"]:
+        # same-subject distractors never share the incoming before or after value
+        inc = c["incoming"].lower()
+        for m in c["memories"]:
+            value = m["text"].lower().split(" is ", 1)[1].rstrip(".")
+            if " of cup is " in m["text"].lower():
+                assert f"was {value} before" not in inc and f"and {value} afterwards" not in inc
+    wet = [c for c in cases if c["incoming"].startswith("Wetness of cup")]
+    assert wet and all(
+        not any(m["text"].startswith("Moisture of cup") for m in c["memories"]) for c in wet
+    )
+    assert b.openpi(changes, per_kind=20) == cases  # seeded: the same input builds the same set
+
+
+def test_openpi_two_names_are_two_subjects_only_when_nothing_is_shared() -> None:
+    b = _build()
+    assert b._other_entity("plate", "cup")
+    assert not b._other_entity("eraser", "the blackboard eraser")  # a shared word
+    assert not b._other_entity("stretch marks", "Stretchmarks")  # one name, spaced two ways
+    assert not b._other_entity("The Cup", "cup.")
 
 
 def test_check_refuses_a_target_outside_the_store() -> None:
