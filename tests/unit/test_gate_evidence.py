@@ -72,6 +72,34 @@ def test_frames_of_two_attributes_of_one_subject_differ() -> None:
         ),
         ("The home policy excess is $1,000.", "The home insurance excess is $500.", "shared"),
         ("Unit 3's rent went up to £19,750 a year.", "Unit 3's rent is £18,500 a year.", "shared"),
+        # the year of a time qualifier says when, not which one
+        (
+            "The club's head coach as of 2019 is Ana Ruiz.",
+            "The club's head coach as of 2023 is Bo Lind.",
+            "shared",
+        ),
+        # a prepositional modifier of the subject, different on both sides: two like things
+        (
+            "The median rent in Leeds is £950 a month.",
+            "The median rent in York is £1,100 a month.",
+            "disjoint",
+        ),
+        (
+            "The head of state of Norway is Harald V.",
+            "The head of government of Norway is Jonas Gahr Støre.",
+            "disjoint",
+        ),
+        # one side's modifiers all named by the other: the same thing, reworded
+        (
+            "The captain of the Leeds team is Ana.",
+            "The current captain of the Leeds team is Bea.",
+            "shared",
+        ),
+        (
+            "The rent of the flat in Kobe is ¥90,000.",
+            "The rent of the flat in Kobe went up to ¥95,000.",
+            "shared",
+        ),
     ],
 )
 def test_subject_relation(a: str, b: str, want: str) -> None:

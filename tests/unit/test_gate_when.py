@@ -44,6 +44,12 @@ def test_order_of_two_statements(fact: str, memory: str, want: str) -> None:
         ("As of 2019, M plays for Groupama-FDJ.", "As of 2022, M plays for Cofidis.", True),
         ("Ana was born in 1990.", "Ana was born in 1991.", False),
         ("In 2021, the fee was $40.", "In 2022, the fee was $45.", True),
+        # a year outside the qualifier is a value, even the qualifier's own year
+        (
+            "As of 2019, the last title was won in 2019.",
+            "As of 2016, the last title was won in 2016.",
+            True,
+        ),
     ],
 )
 def test_a_time_is_a_qualifier_only_when_more_than_the_time_differs(

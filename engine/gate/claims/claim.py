@@ -195,9 +195,6 @@ def _is_content(tok: Any) -> bool:
     )
 
 
-S3 = True
-
-
 @lru_cache(maxsize=65536)
 def claim(text: str) -> Claim:
     doc = parse(text)
@@ -229,13 +226,6 @@ def claim(text: str) -> Claim:
     content = frozenset(_lemma(t) for t in doc if _is_content(t)) - subject
     parts = []
     pred_ids = {p.i for p in preds}
-    if S3:  # a root with no verb and no subject (an answer, a label) is not a claim of its own
-        preds = [
-            p
-            for p in preds
-            if p.pos_ in ("VERB", "AUX")
-            or any(c.dep_ in ("nsubj", "nsubjpass") for c in p.children)
-        ] or preds
     for pred in preds:
         own = [
             t

@@ -237,19 +237,13 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
     return len(members) >= 2 and 0 < touched < len(members)
 
 
-_TIME_KINDS = ("year:", "month:", "date:")
-S1 = True
-
-
 def beyond_time(memory: Claim, fact: Claim) -> bool:
-    """The two say more than one thing at two times: with the dates and years out, their
-    values or content words differ ("As of 2011, A lives in Chicago" / "As of 2022, A lives in
+    """The two say more than one thing at two times: with their time qualifiers out
+    (:func:`engine.gate.claims.when.unqualified`), their values or content words differ ("As of 2011, A lives in Chicago" / "As of 2022, A lives in
     Tokyo"). False when the time is all that changes ("born in 1990" / "born in 1991": the
     year is the value, a correction, not a time qualifier)."""
 
     def rest(c: Claim) -> frozenset[str]:
-        if S1:
-            return c.values - values(when.qualifier(c.text))
-        return frozenset(v for v in c.values if not v.startswith(_TIME_KINDS))
+        return values(when.unqualified(c.text))
 
     return rest(memory) != rest(fact) or memory.content != fact.content

@@ -23,8 +23,6 @@ from engine.gate.names import Subject
 __all__ = ["frame", "shared_subject", "subject_relation"]
 
 _KEEP_POS = frozenset({"NOUN", "VERB", "ADJ", "PROPN"})
-S1 = True
-S2 = True
 
 
 @lru_cache(maxsize=65536)
@@ -57,18 +55,16 @@ def subject_relation(a: str, b: str) -> Subject:
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return Subject.UNKNOWN
-    sa, sb = ca.subject_values, cb.subject_values
-    if S1:
-        sa, sb = sa - values(when.qualifier(a)), sb - values(when.qualifier(b))
+    # a value of the subject counts only outside the time qualifier: "as of 1970" says when
+    sa = ca.subject_values & values(when.unqualified(a))
+    sb = cb.subject_values & values(when.unqualified(b))
     if _named_apart(sa, sb):
         return Subject.APART  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
         return Subject.DISJOINT  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
-    qa, qb = ca.qualifiers, cb.qualifiers
-    if S2:
-        ma, mb = _modifiers(a), _modifiers(b)
-        qa, qb = qa | (ma - mb), qb | (mb - ma)
+    ma, mb = _modifiers(a), _modifiers(b)  # "the wage in Denmark", "the wage in Iceland"
+    qa, qb = ca.qualifiers | (ma - mb), cb.qualifiers | (mb - ma)
     if _unmatched(qa, wb | cb.names) and _unmatched(qb, wa | ca.names):
         return Subject.DISJOINT  # the hallway thermostat, the garden office one
     return Subject.SHARED if ca.subject & wb or cb.subject & wa else Subject.DISJOINT

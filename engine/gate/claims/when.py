@@ -17,7 +17,7 @@ import calendar
 import re
 from dataclasses import dataclass
 
-__all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "qualifier", "stamp"]
+__all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "stamp", "unqualified"]
 
 MARKERS: tuple[str, ...] = (
     "as of",
@@ -102,13 +102,12 @@ def stamp(text: str) -> Stamp | None:
     return None
 
 
-def qualifier(text: str) -> str:
-    """The words of the first dated time qualifier of ``text`` ("as of 1970"), or empty: the
-    values in them say when the statement holds, not what it says."""
+def unqualified(text: str) -> str:
+    """``text`` with its first dated time qualifier blanked: what it says, apart from when."""
     for m in _TIMED.finditer(text):
         if _date(m) is not None:
-            return m.group(0)
-    return ""
+            return text[: m.start()] + " " + text[m.end() :]
+    return text
 
 
 def _date(m: re.Match[str]) -> Stamp | None:
