@@ -54,6 +54,9 @@ class Rule(StrEnum):
     """Strict, without positive evidence of the same attribute of the same subject: added."""
     CONTRADICTION = "contradiction"
     """The target passed on contradiction: replaced (strict) or queued (review)."""
+    EXPLICIT_CHANGE = "explicit_change"
+    """The fact changes a value from the one its target holds ("changed from A to B"), same
+    subject (:mod:`engine.gate.claims.change`): an update."""
     LATER_DATED = "later_dated"
     """The fact is dated after its target, same subject and attribute: an update."""
     PARTIAL_CONTRADICTION = "partial_contradiction"
@@ -66,7 +69,7 @@ class Rule(StrEnum):
     """The judge calls a candidate a restatement: skipped."""
 
 
-UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.LATER_DATED})
+UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.EXPLICIT_CHANGE, Rule.LATER_DATED})
 """The rules under which a candidate passes as the fact's target."""
 
 

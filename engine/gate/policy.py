@@ -137,6 +137,14 @@ class Policy:
     """Update probability (that the fact is the target's replacement) below which the judge
     turns a rule's replacement away. 0 turns the veto off. Belongs to the judge, like
     ``judge_duplicate``: chosen when it was fitted."""
+    explicit_change: bool = True
+    """Explicit old -> new values (:mod:`engine.gate.claims.change`): a fact that names the value
+    it replaces ("status changed from Improved to Excellent", "no longer A, now B", "was A
+    before and B afterwards") where the candidate holds that old value of the same subject is
+    an update (rule ``explicit_change``): it passes at any contradiction, is never skipped as a
+    duplicate and the judge's veto does not hold it back. On by the pre-registered rule of
+    docs/experiments/2026-12-05-outside-events.md (openpi strict recall 0.047 -> 0.967, WO 2
+    -> 2; dyknow unchanged; ours +12 right, WO +0)."""
     time_order: bool = True
     """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
     attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
@@ -237,6 +245,7 @@ SEED = Policy(
     evidence=False,
     judge=False,
     time_order=False,
+    explicit_change=False,
     duplicates=False,
     dominance=False,
     ambiguity_margin=0.0,
@@ -313,6 +322,9 @@ class Evidence:
     unknown; empty when not measured), from :mod:`engine.gate.identify`."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
+    changed_from: bool = False
+    """The fact names this candidate's value as the one it changes
+    (:func:`engine.gate.claims.change.holds_old`)."""
     dated: str = ""
     """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
     the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
@@ -320,9 +332,11 @@ class Evidence:
 
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``
-        (``later_dated``), or empty. Never for another subject."""
+        (``explicit_change``, ``later_dated``), or empty. Never for another subject."""
         if self.subject in (Subject.DISJOINT, Subject.APART) or self.mismatch:
             return ""
+        if policy.explicit_change and self.changed_from:
+            return Rule.EXPLICIT_CHANGE
         if (
             policy.time_order
             and self.dated == "later"
@@ -361,9 +375,6 @@ class Verdict:
     candidates: tuple[Candidate, ...]
 
 
-S4 = True
-
-
 def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     """Apply the policy to the candidates' evidence (any order)."""
     ranked = sorted(evidence, key=lambda e: -e.similarity)
@@ -396,7 +407,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         return out("add", None, Rule.NO_CANDIDATE_ABOVE_FLOOR)
 
     top = above[0]
-    if policy.duplicates and _is_duplicate(top, policy):
+    if policy.duplicates and _is_duplicate(top, policy) and not top.signal(policy):
         reasons[top.memory_id] = (False, Reason.DUPLICATE)
         return out("skip", top.memory_id, Rule.DUPLICATE)
     container = next((ev for ev in above if ev.contained), None)
@@ -416,6 +427,8 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         signal = ev.signal(policy)
         if signal == Rule.LATER_DATED:
             bar = min(bar, policy.dated_contradiction)
+        elif signal == Rule.EXPLICIT_CHANGE:
+            bar = 0.0  # the fact names the old value: no contradiction score is needed
         if ev.mismatch:
             reasons[ev.memory_id] = (False, detailed(Reason.MISMATCH, ev.mismatch))
         elif ev.contradiction is None or ev.contradiction <= bar:
@@ -431,8 +444,6 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         reasons[best.memory_id] = (False, Reason.OLDER_THAN_TARGET)
         return out("add", None, Rule.OLDER_THAN_TARGET)
     for rival in (ev for ev in passing if ev is not best):
-        if S4 and rival.subject in (Subject.DISJOINT, Subject.APART):
-            continue
         if abs(best.similarity - rival.similarity) < policy.ambiguity_margin:
             reasons[rival.memory_id] = (True, Reason.AMBIGUOUS)
             return out("review", best.memory_id, Rule.AMBIGUOUS_TARGET)
@@ -468,7 +479,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
     return out("replace", best.memory_id, rule)
 
 
-UPDATE_SIGNALS = frozenset({Rule.LATER_DATED})
+UPDATE_SIGNALS = frozenset({Rule.EXPLICIT_CHANGE, Rule.LATER_DATED})
 """Rules whose target carries positive evidence of an update (:meth:`Evidence.signal`): the
 judge neither vetoes nor dequeues them."""
 

@@ -7,8 +7,8 @@ The order is the code's: a replayed idempotency key answers before anything is d
 then keyed facts, past every model; a free-text fact goes through
 :func:`engine.gate.policy.apply_rule`, whose tests run top to bottom and stop at the first that
 applies, and last through the judge's amendment (:meth:`engine.gate.judge.Judge.amend`). The
-rows of the two rules a target passes under (``later_dated``, ``contradiction``) come in the
-order :meth:`engine.gate.policy.Evidence.signal` names them.
+rows of the rules a target passes under (``explicit_change``, ``later_dated``,
+``contradiction``) come in the order :meth:`engine.gate.policy.Evidence.signal` names them.
 
 Each row stands alone (no row refers to another), so deleting a retired rule deletes one row;
 ``tests/unit/test_decision_table.py`` checks that every rule has exactly one. The README's
@@ -253,6 +253,18 @@ ROWS: tuple[Row, ...] = (
             _m("Grandad's appointment is on Monday."),
             Entry("Grandma's appointment is on Friday."),
             "add",
+        ),
+    ),
+    Row(
+        Rule.EXPLICIT_CHANGE,
+        "the fact changes a value from the one its target holds, same subject",
+        "replace",
+        "review",
+        Example(
+            _m("The ticket's status is Open."),
+            Entry("The ticket's status changed from Open to Resolved."),
+            "replace",
+            target=0,
         ),
     ),
     Row(

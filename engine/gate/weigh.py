@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from engine.gate import claims, overlap
-from engine.gate.claims import when
+from engine.gate.claims import change, when
 from engine.gate.claims.compare import beyond_time
 from engine.gate.policy import Evidence, Policy
 from engine.gate.probe import Hit, Probe
@@ -82,4 +82,5 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         restated=got.restated,
         beside=got.beside,
         dated=dated,
+        changed_from=parsed and policy.explicit_change and change.holds_old(fact.text, ref.text),
     )

@@ -206,6 +206,7 @@ def test_seed_policies_are_named_and_turn_every_mechanism_off() -> None:
             "dominance",
             "model_bars",
             "time_order",
+            "explicit_change",
         )
         assert not any(getattr(pol, name) for name in switches), pol.name
         assert pol.ambiguity_margin == 0.0
@@ -350,3 +351,19 @@ def test_the_judge_never_vetoes_a_signalled_update() -> None:
     assert amended(dated, {}, strict, {"a": 0.01}) == dated
     plain = apply_rule([ev("a", 0.7, 0.99)], strict)
     assert amended(plain, {}, strict, {"a": 0.01}).rule == "judged_not_update"
+
+
+def test_an_explicit_change_of_the_held_value_is_an_update_at_any_contradiction() -> None:
+    named = ev("a", 0.80, 0.10, changed_from=True)
+    v = apply_rule([named], STRICT)
+    assert (v.action, v.target_id, v.rule) == ("replace", "a", "explicit_change")
+    assert apply_rule([named], REVIEW).rule == "explicit_change"
+    # never for another subject, and off by its switch (the seed's rule knows nothing of it)
+    assert (
+        apply_rule([ev("a", 0.80, 0.10, changed_from=True, subject="disjoint")], STRICT).action
+        == "add"
+    )
+    assert apply_rule([named], STRICT.with_overrides({"explicit_change": False})).action == "add"
+    # a near-identical memory that holds the old value is the target, not a duplicate
+    twin = ev("a", 0.97, 0.01, entailment=0.9, reverse_entailment=0.9, changed_from=True)
+    assert apply_rule([twin], STRICT).action == "replace"

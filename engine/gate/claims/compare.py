@@ -239,9 +239,10 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
 
 def beyond_time(memory: Claim, fact: Claim) -> bool:
     """The two say more than one thing at two times: with their time qualifiers out
-    (:func:`engine.gate.claims.when.unqualified`), their values or content words differ ("As of 2011, A lives in Chicago" / "As of 2022, A lives in
-    Tokyo"). False when the time is all that changes ("born in 1990" / "born in 1991": the
-    year is the value, a correction, not a time qualifier)."""
+    (:func:`engine.gate.claims.when.unqualified`), their values or content words differ ("As
+    of 2011, A lives in Chicago" / "As of 2022, A lives in Tokyo"). False when the time is all
+    that changes ("born in 1990" / "born in 1991": the year is the value, a correction, not a
+    time qualifier)."""
 
     def rest(c: Claim) -> frozenset[str]:
         return values(when.unqualified(c.text))
