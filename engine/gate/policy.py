@@ -61,7 +61,7 @@ class Policy:
     """Contradiction probability a candidate must exceed to count as a conflict."""
     dated_contradiction: float = 0.80
     """Lower bar for a candidate the fact is dated after (``time_order``, rule
-    ``later_dated``)."""
+    ``later_dated``), and for one that asks the fact's question (``Evidence.same_question``)."""
     top_k: int = 20
     """How many similar memories are recalled per fact."""
     duplicate_similarity: float = 0.90
@@ -294,7 +294,8 @@ class Evidence:
     key: str | None = None
     """The memory's fixed key (``Fact.key``), reported, never weighed."""
     mismatch: str = ""
-    """Non-empty when the candidate is shown to be about something else: ``other_subject``, the
+    """Non-empty when the candidate is shown to be about something else: ``other_question``
+    (:mod:`engine.gate.claims.qa`); ``other_subject``, the
     fact says what the memory says, of another subject
     (:func:`engine.gate.claims.says_of_another`); ``other_instance``, the two name two things
     of one kind on their subject side, "Hive 2" and "Hive 4"
@@ -322,6 +323,10 @@ class Evidence:
     unknown; empty when not measured), from :mod:`engine.gate.identify`."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
+    same_question: bool = False
+    """Both are "question? answer" with the same question, time qualifiers out
+    (:mod:`engine.gate.claims.qa`): one thing asked, the answer its value. Another question is
+    ``mismatch`` ``other_question``."""
     changed_from: bool = False
     """The fact names this candidate's value as the one it changes
     (:func:`engine.gate.claims.change.holds_old`)."""
@@ -425,7 +430,7 @@ def apply_rule(evidence: Sequence[Evidence], policy: Policy) -> Verdict:
         if ev.value_change and ev.similarity >= policy.value_change_similarity:
             bar = min(bar, policy.value_change_contradiction)
         signal = ev.signal(policy)
-        if signal == Rule.LATER_DATED:
+        if signal == Rule.LATER_DATED or ev.same_question:  # the same question re-answered
             bar = min(bar, policy.dated_contradiction)
         elif signal == Rule.EXPLICIT_CHANGE:
             bar = 0.0  # the fact names the old value: no contradiction score is needed

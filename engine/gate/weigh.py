@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from engine.gate import claims, overlap
-from engine.gate.claims import change, when
+from engine.gate.claims import change, qa, when
 from engine.gate.claims.compare import beyond_time
 from engine.gate.policy import Evidence, Policy
 from engine.gate.probe import Hit, Probe
@@ -56,6 +56,14 @@ def _dated(memory: str, fact: str) -> str:
     return got if got and beyond_time(claims.claim(memory), claims.claim(fact)) else ""
 
 
+def _mismatch(got: _Claims, asked: bool | None) -> str:
+    if got.another:
+        return "other_subject"
+    if got.apart:
+        return "other_instance"
+    return "other_question" if asked is False else ""
+
+
 def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     """``memory_id`` is the hit's id as the decision reports it (an in-batch ref resolved)."""
     ref, fact = hit.ref, probe.fact
@@ -63,6 +71,7 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
     got = _compare(ref.text, fact.text, policy) if near and policy.claims else _Claims()
     parsed = hit.forward and policy.claims  # the signals read the parse (identify's too)
     dated = _dated(ref.text, fact.text) if parsed and policy.time_order else ""
+    asked = qa.same_question(ref.text, fact.text) if near else None  # None: not both Q? A.
     return Evidence(
         memory_id=memory_id,
         text=ref.text,
@@ -71,9 +80,12 @@ def weigh(probe: Probe, hit: Hit, policy: Policy, memory_id: str) -> Evidence:
         entailment=hit.entailment,
         reverse_entailment=hit.reverse_entailment,
         key=ref.key,
-        mismatch="other_subject" if got.another else "other_instance" if got.apart else "",
+        mismatch=_mismatch(got, asked),
         contained=near and not got.new_values and overlap.contains(ref.text, fact.text),
-        partial=near and (overlap.claims(ref.text, fact.text).partial or got.partial),
+        partial=near  # a "question? answer" is one claim
+        and asked is None
+        and (overlap.claims(ref.text, fact.text).partial or got.partial),
+        same_question=bool(asked),
         subject=hit.subject,
         attribute=hit.attribute,
         new_values=got.new_values,

@@ -268,3 +268,25 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     q.hits[0].attribute, q.hits[0].subject = 1.0, "unknown"
     ev = weigh(q, q.hits[0], STRICT, "m0")
     assert ev.mismatch == "" and apply_rule([ev], STRICT).action == "replace"
+
+
+def test_a_question_and_its_answer_are_one_claim_keyed_by_the_question() -> None:
+    """The answer is the value: its year is not a subject value (not ``apart``), the pair is
+    not a partial contradiction, and another question is another thing."""
+    from engine.gate.policy import STRICT
+    from engine.gate.probe import Hit, Probe, Ref
+    from engine.gate.weigh import weigh
+    from engine.types import Fact
+
+    old = "When did the Lions last win a division title as of 1993? 1993."
+    new = "When did the Lions last win a division title as of 1999? 1999."
+    assert subject_relation(new, old) != "apart"
+
+    def evidence(memory: str, fact: str):  # type: ignore[no-untyped-def]
+        hit = Hit(Ref("m", memory, None), 0.9, forward=True)
+        return weigh(Probe(0, Fact(namespace="n", text=fact), True), hit, STRICT, "m")
+
+    same = evidence(old, new)
+    assert (same.same_question, same.partial, same.mismatch) == (True, False, "")
+    other = evidence(old, "When did the Bears last win a division title as of 1999? 2018.")
+    assert other.mismatch == "other_question"

@@ -367,3 +367,14 @@ def test_an_explicit_change_of_the_held_value_is_an_update_at_any_contradiction(
     # a near-identical memory that holds the old value is the target, not a duplicate
     twin = ev("a", 0.97, 0.01, entailment=0.9, reverse_entailment=0.9, changed_from=True)
     assert apply_rule([twin], STRICT).action == "replace"
+
+
+def test_the_same_question_re_answered_passes_at_the_dated_bar() -> None:
+    bar = STRICT.dated_contradiction
+    assert bar < STRICT.contradiction
+    between = (bar + STRICT.contradiction) / 2
+    assert apply_rule([ev("a", 0.80, between)], STRICT).action == "add"
+    v = apply_rule([ev("a", 0.80, between, same_question=True)], STRICT)
+    assert (v.action, v.target_id) == ("replace", "a")
+    asked_else = ev("a", 0.80, 0.99, mismatch="other_question")
+    assert apply_rule([asked_else], STRICT).action == "add"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from engine.gate.claims import when
+from engine.gate.claims import qa, when
 from engine.gate.claims.canon import values
 from engine.gate.claims.claim import claim
 from engine.gate.claims.compare import coverage
@@ -56,16 +56,17 @@ def subject_relation(a: str, b: str) -> Subject:
     if not ca.subject or not cb.subject:
         return Subject.UNKNOWN
     # a value of the subject counts only outside the time qualifier: "as of 1970" says when
-    sa = ca.subject_values & values(when.unqualified(a))
-    sb = cb.subject_values & values(when.unqualified(b))
+    # (of a "question? answer", the question's: the answer is the value)
+    sa = ca.subject_values & values(when.unqualified(qa.question(a) or a))
+    sb = cb.subject_values & values(when.unqualified(qa.question(b) or b))
     if _named_apart(sa, sb):
         return Subject.APART  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:
         return Subject.DISJOINT  # one attribute of two owners: Grandad's appointment, Grandma's
     wa, wb = ca.subject | ca.content, cb.subject | cb.content
     ma, mb = _modifiers(a), _modifiers(b)  # "the wage in Denmark", "the wage in Iceland"
-    qa, qb = ca.qualifiers | (ma - mb), cb.qualifiers | (mb - ma)
-    if _unmatched(qa, wb | cb.names) and _unmatched(qb, wa | ca.names):
+    qual_a, qual_b = ca.qualifiers | (ma - mb), cb.qualifiers | (mb - ma)
+    if _unmatched(qual_a, wb | cb.names) and _unmatched(qual_b, wa | ca.names):
         return Subject.DISJOINT  # the hallway thermostat, the garden office one
     return Subject.SHARED if ca.subject & wb or cb.subject & wa else Subject.DISJOINT
 
