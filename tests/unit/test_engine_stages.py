@@ -74,6 +74,90 @@ def test_entries_of_one_group_still_share_a_batch() -> None:
     assert batch is not None and _names(batch) == [f"a{i}" for i in range(5)]
 
 
+# -- the linger: a group's callers come back and join its next batch ----------------------------
+def _cohorts(linger: bool) -> tuple[list[str], list[str]]:
+    """Two cohorts of one group (as a closed loop of gRPC clients splits): "a" runs 1 s while
+    "b" queues; when "a" ends, its callers come back 10 ms apart. The batch cut after that."""
+    s = QueueSettings(max_wait_s=0.002, linger_share=0.05 if linger else 0.0, max_linger_s=0.1)
+    q: TokenBudgetQueue[str] = TokenBudgetQueue(s)
+    for i in range(3):
+        q.push(_entry(f"a{i}", "G", 0.0, {"G"}))
+    first, _ = q.take(0.01)
+    assert first is not None and _names(first) == ["a0", "a1", "a2"]
+    for i in range(3):
+        q.push(_entry(f"b{i}", "G", 0.5 + 0.01 * i, {"G"}))
+    assert q.take(0.6)[0] is None  # "a" holds the group
+    q.finished(first, 1.0)
+    cut: list[str] = []
+    for i in range(3):
+        t = 1.0 + 0.01 * (i + 1)
+        batch, _ = q.take(t)  # what the driver sees just before the caller's request lands
+        if batch is not None:
+            cut = _names(batch)
+            break
+        q.push(_entry(f"a{i}'", "G", t, {"G"}))
+    if not cut:
+        batch, _ = q.take(1.04)
+        assert batch is not None
+        cut = _names(batch)
+    rest, _ = q.take(10.0, flush=True)
+    return cut, [] if rest is None else _names(rest)
+
+
+def test_without_a_linger_the_queued_cohort_goes_alone_and_the_split_persists() -> None:
+    cut, rest = _cohorts(linger=False)
+    assert cut == ["b0", "b1", "b2"]
+    assert rest == []  # the returners were not queued yet: they form the next cohort
+
+
+def test_a_lingering_group_waits_for_its_callers_and_goes_when_all_are_back() -> None:
+    cut, rest = _cohorts(linger=True)
+    # Linger: 5% of a 1 s batch (50 ms, under the 100 ms cap); it ends early once as many
+    # entries as the last batch held (3) have arrived: the batch goes at 1.04, not 1.05.
+    assert cut == ["b0", "b1", "b2", "a0'", "a1'", "a2'"]
+    assert rest == []
+
+
+def test_the_linger_is_bounded_and_does_not_hold_other_groups() -> None:
+    s = QueueSettings(max_wait_s=0.002, linger_share=0.5, max_linger_s=0.05)
+    q: TokenBudgetQueue[str] = TokenBudgetQueue(s)
+    q.push(_entry("a0", "A", 0.0, {"A"}))
+    q.push(_entry("x0", "A", 0.0, {"A"}))
+    first, _ = q.take(0.01)
+    assert first is not None and len(first.entries) == 2
+    q.finished(first, 10.0)  # a 10 s batch: half of it would be 5 s; the cap is 50 ms
+    q.push(_entry("a1", "A", 10.001, {"A"}))
+    q.push(_entry("b0", "B", 10.002, {"B"}))
+    assert q.wake_at() == pytest.approx(10.004)  # B's own max_wait; A lingers to 10.05
+    batch, _ = q.take(10.005)
+    assert batch is not None and _names(batch) == ["b0"]  # A's linger holds up no other group
+    assert q.take(10.02)[0] is None and q.wake_at() == pytest.approx(10.05)
+    batch, _ = q.take(10.05)
+    assert batch is not None and _names(batch) == ["a1"]
+
+
+def test_a_full_group_does_not_linger() -> None:
+    q: TokenBudgetQueue[str] = TokenBudgetQueue(
+        QueueSettings(max_batch_facts=2, linger_share=0.5, max_linger_s=1.0)
+    )
+    q.push(_entry("a0", "A", 0.0, {"A"}))
+    first, _ = q.take(0.01)
+    assert first is not None
+    q.finished(first, 1.0)
+    q.push(_entry("a1", "A", 1.0, {"A"}))
+    assert q.take(1.001)[0] is None  # lingering, partial
+    q.push(_entry("a2", "A", 1.002, {"A"}))  # ends the linger (1 came back) and fills it
+    batch, _ = q.take(1.002)
+    assert batch is not None and _names(batch) == ["a1", "a2"]
+
+
+def test_linger_settings_are_range_checked() -> None:
+    with pytest.raises(InvalidInput, match="linger_share"):
+        QueueSettings(linger_share=1.5)
+    with pytest.raises(InvalidInput, match="max_linger_s"):
+        QueueSettings(max_linger_s=-0.1)
+
+
 # -- the model stage -----------------------------------------------------------------------------
 class FakeClock:
     def __init__(self) -> None:
