@@ -204,10 +204,7 @@ def serve_main(args: argparse.Namespace) -> int:
         max_queued_facts=args.max_queued_facts,
         max_queue_delay_s=args.max_queue_delay_ms / 1000 if args.max_queue_delay_ms else None,
         batching=QueueSettings(
-            max_batch_facts=args.max_batch_facts,
-            max_wait_s=args.max_wait_ms / 1000,
-            max_linger_s=args.max_linger_ms / 1000,
-            linger_share=args.linger_share,
+            max_batch_facts=args.max_batch_facts, max_wait_s=args.max_wait_ms / 1000
         ),
         metrics_port=args.metrics_port,
         grace_s=2.0,
@@ -250,10 +247,6 @@ class ServerProcess:
             str(args.max_batch_facts),
             "--max-wait-ms",
             str(args.max_wait_ms),
-            "--max-linger-ms",
-            str(args.max_linger_ms),
-            "--linger-share",
-            str(args.linger_share),
             "--http" if args.http else "--no-http",
         ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -857,18 +850,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--max-batch-facts", type=int, default=None)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument(
-        "--max-linger-ms",
-        type=float,
-        default=None,
-        help="the server's linger cap after a batch (QueueSettings.max_linger_s; 0: off)",
-    )
-    p.add_argument(
-        "--linger-share",
-        type=float,
-        default=None,
-        help="the server's linger, as a share of the last batch's run (QueueSettings)",
-    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument(
         "--http",
@@ -903,10 +884,6 @@ def main(argv: list[str] | None = None) -> int:
         args.max_queue_delay_ms = 0.0 if delay is None else delay * 1000
     if args.max_batch_facts is None:
         args.max_batch_facts = QueueSettings().max_batch_facts
-    if args.max_linger_ms is None:
-        args.max_linger_ms = QueueSettings().max_linger_s * 1000
-    if args.linger_share is None:
-        args.linger_share = QueueSettings().linger_share
     if args.serve:
         return serve_main(args)
 

@@ -281,7 +281,7 @@ class Batcher(Generic[P, R]):
 
         def done(t: asyncio.Task[None]) -> None:
             self._running.discard(t)
-            self._queue.finished(batch, loop.time())
+            self._queue.finished(batch)
             if not t.cancelled() and t.exception() is not None:
                 self._die(t.exception() or RuntimeError("batch failed"))
             if self._wake is not None:

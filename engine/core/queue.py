@@ -35,7 +35,7 @@ what lets the unit tests drive the queue with synthetic requests and a fake cloc
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -69,15 +69,6 @@ class QueueSettings:
     come back as its batch commits: 1 releases them fact by fact, so the gap between two
     decisions is one fact's model time. Larger values trade that gap for fewer model calls
     when one stream is alone on the server."""
-    linger_share: float = 0.02
-    """After a batch of a group ends, the group's next partial batch waits for company this
-    share of that batch's run time (at most ``max_linger_s``): the callers it just answered
-    come back in that window, and join. Without it a closed loop of 32 gRPC clients split
-    into two cohorts of ~16 that took turns (the first returners were cut off by
-    ``max_wait_s`` while the rest were still on the wire), and every batch was half the size
-    it could be. Costs the model at most this share of its time when the batch is not full."""
-    max_linger_s: float = 0.05
-    """Cap of the linger above (a long batch's callers need no longer to come back)."""
 
     def __post_init__(self) -> None:
         if not 16 <= self.max_batch_tokens <= 1 << 22:
@@ -94,10 +85,6 @@ class QueueSettings:
             raise InvalidInput(
                 f"max_source_facts must be in [1, 100000], got {self.max_source_facts}"
             )
-        if not 0.0 <= self.linger_share <= 1.0:
-            raise InvalidInput(f"linger_share must be in [0, 1], got {self.linger_share}")
-        if not 0.0 <= self.max_linger_s <= 1.0:
-            raise InvalidInput(f"max_linger_s must be in [0, 1] seconds, got {self.max_linger_s}")
 
 
 @dataclass(eq=False)
@@ -173,10 +160,6 @@ class TokenBudgetQueue(Generic[P]):
         self._seq = 0
         self._held: dict[Hashable, int] = {}
         """Locks held by running batches (a count: two batches may share a free lock)."""
-        self._linger: dict[Hashable, list[float]] = {}
-        """Group -> [until, entries still expected]: its next partial batch waits for company
-        until then, or until as many entries as its last batch had have arrived since that
-        batch ended (its callers came back: ``linger_share``)."""
 
     # -- observation ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -199,11 +182,6 @@ class TokenBudgetQueue(Generic[P]):
         if group is None:
             group = self._groups[entry.group] = _Group()
         group.entries.append(entry)
-        linger = self._linger.get(entry.group)
-        if linger is not None:
-            linger[1] -= 1
-            if linger[1] <= 0:  # as many came back as the last batch answered: go
-                del self._linger[entry.group]
         group.facts += entry.facts
         group.tokens += entry.tokens
         self._facts += entry.facts
@@ -216,21 +194,9 @@ class TokenBudgetQueue(Generic[P]):
 
         A full group is ready at once; the driver calls :meth:`take` after every push anyway.
         Groups whose head waits for a lock are left out: :meth:`finished` wakes the driver.
-        A group that lingers (its last batch just ended) is ready when the linger ends.
         """
-        startable = self._startable()
-        times = [
-            self._ready_at(key, g.entries[0])
-            for key, g in self._groups.items()
-            if g.entries[0].seq in startable
-        ]
-        return min(times) if times else None
-
-    def _ready_at(self, key: Hashable, head: Entry[P]) -> float:
-        """When a partial batch of group ``key`` (oldest entry ``head``) may go."""
-        ready = head.enqueued + self.settings.max_wait_s
-        linger = self._linger.get(key)
-        return ready if linger is None else max(ready, linger[0])
+        oldest = self._oldest(self._startable())
+        return None if oldest is None else oldest[1].enqueued + self.settings.max_wait_s
 
     def take(self, now: float, flush: bool = False) -> tuple[Batch[P] | None, list[Entry[P]]]:
         """The next ready batch (or None), and the entries dropped as cancelled or expired.
@@ -238,18 +204,14 @@ class TokenBudgetQueue(Generic[P]):
 
         ``flush``: every group is ready, waited or not (the server is draining)."""
         dropped = self._purge(now)
-        for key in [k for k, (until, _) in self._linger.items() if until <= now]:
-            del self._linger[key]
         startable = self._startable()
         oldest = self._oldest(startable)
         if oldest is None:
             return None, dropped
         key, head = oldest
-        if flush or self._full(self._groups[key]):
+        waited = now - head.enqueued >= self.settings.max_wait_s
+        if flush or waited or self._full(self._groups[key]):
             return self._cut(key, now, startable), dropped
-        ready = self._oldest(startable, lambda k, h: self._ready_at(k, h) <= now)
-        if ready is not None:
-            return self._cut(ready[0], now, startable), dropped
         full = next(
             (k for k, g in self._groups.items() if g.entries[0].seq in startable and self._full(g)),
             None,
@@ -258,14 +220,8 @@ class TokenBudgetQueue(Generic[P]):
             return self._cut(full, now, startable), dropped
         return None, dropped
 
-    def finished(self, batch: Batch[P], now: float | None = None) -> None:
-        """``batch`` (from :meth:`take`) ran: its locks are free again. ``now`` (when it
-        ended): its group's next partial batch lingers ``linger_share`` of its run time."""
-        if now is not None:
-            s = self.settings
-            linger = min(s.max_linger_s, s.linger_share * max(0.0, now - batch.started))
-            if linger > 0:
-                self._linger[batch.group] = [now + linger, float(len(batch.entries))]
+    def finished(self, batch: Batch[P]) -> None:
+        """``batch`` (from :meth:`take`) ran: its locks are free again."""
         for entry in batch.entries:
             for lock in entry.locks:
                 left = self._held.get(lock, 0) - 1
@@ -310,16 +266,11 @@ class TokenBudgetQueue(Generic[P]):
                 claimed.setdefault(lock, set()).add(e.group)
         return out
 
-    def _oldest(
-        self,
-        startable: set[int],
-        ok: Callable[[Hashable, Entry[P]], bool] | None = None,
-    ) -> tuple[Hashable, Entry[P]] | None:
-        """The startable group (and ``ok``, when given) whose oldest entry is the oldest."""
+    def _oldest(self, startable: set[int]) -> tuple[Hashable, Entry[P]] | None:
         best: tuple[Hashable, Entry[P]] | None = None
         for key, group in self._groups.items():
             head = group.entries[0]
-            if head.seq not in startable or (ok is not None and not ok(key, head)):
+            if head.seq not in startable:
                 continue
             if best is None or head.enqueued < best[1].enqueued:
                 best = (key, head)
