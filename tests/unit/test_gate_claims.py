@@ -400,3 +400,33 @@ def test_parse_many_memoises_a_batch_in_one_pipe_call(monkeypatch: pytest.Monkey
     assert memo.cache_info()[3] == 3 and "The van is blue." not in memo._docs
     memo.cache_clear()
     assert memo.cache_info() == (0, 0, 3, 0) and memo.cache_parameters()["maxsize"] == 3
+
+
+def test_a_memoised_parse_does_not_wait_for_another_lanes_spacy_call() -> None:
+    """Lanes read parses they have under the memo's lock; only spaCy itself runs one call at a
+    time (``nlp._lock``). Here the test holds spaCy's lock, as a lane inside a long
+    ``nlp.pipe`` would: a hit still answers, and a miss waits and then parses exactly as
+    spaCy alone does."""
+    import threading
+
+    from engine.gate.claims import nlp
+
+    memo = nlp._Docs(8)
+    memo.many(["Maya lives in Denver."])
+    hit: list[Any] = []
+    missed: list[Any] = []
+    with nlp._lock:
+        reader = threading.Thread(target=lambda: hit.append(memo("Maya lives in Denver.")))
+        reader.start()
+        reader.join(60)
+        assert not reader.is_alive() and hit[0] is memo._docs["Maya lives in Denver."]
+        parser = threading.Thread(target=lambda: missed.append(memo("Kai swims.")))
+        parser.start()
+        parser.join(0.2)
+        assert not missed  # a miss needs spaCy: it waits for the lock held here
+    parser.join(60)
+    alone = nlp.pipeline()("Kai swims.")
+    assert [(t.tag_, t.dep_, t.head.i, t.lemma_) for t in missed[0]] == [
+        (t.tag_, t.dep_, t.head.i, t.lemma_) for t in alone
+    ]
+    assert memo.cache_info()[:2] == (1, 2) and memo.waited_s > 0 and memo.parsed_s > 0
