@@ -25,7 +25,7 @@ from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
-from engine.gate.identify import identify
+from engine.gate.evidence import measure
 from engine.gate.judge import VerdictJudge
 from engine.gate.names import Rule
 from engine.gate.plan import plan
@@ -267,7 +267,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> relate -> identify -> score -> weigh / decide -> commit."""
+        """plan -> embed -> recall -> relate -> score -> evidence -> decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
@@ -440,9 +440,10 @@ def decide_recalled(
     timings: dict[str, float] | None = None,
     judge: VerdictJudge | None = None,
 ) -> tuple[list[Decision], int]:
-    """relate -> identify -> score -> weigh / decide, over probes whose hits are recalled:
-    the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``identify`` (the batch's parse included), ``relate``, ``nli`` and ``decide`` seconds.
+    """relate -> score -> evidence -> decide, over probes whose hits are recalled: the
+    decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
+    ``relate``, ``nli``, ``identify`` (the evidence step, the batch's parse included) and
+    ``decide`` seconds.
     :meth:`Gate.triage` and callers that bring their own candidates
     (:func:`engine.adapters.graphiti.judge`) share this sequence."""
     timings = {} if timings is None else timings
@@ -450,11 +451,11 @@ def decide_recalled(
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
     timings["relate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    identify(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
-    timings["identify"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     pairs = score(probes, nli)
     timings["nli"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    measure(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
+    timings["identify"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0

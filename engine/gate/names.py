@@ -98,7 +98,7 @@ class Reason(StrEnum):
 
 
 class Subject(StrEnum):
-    """How the subjects of a fact and a memory relate (:mod:`engine.gate.identify`)."""
+    """How the subjects of a fact and a memory relate (:mod:`engine.gate.evidence`)."""
 
     SHARED = "shared"
     """A word of one subject occurs in the other text."""

@@ -17,7 +17,7 @@ The rule, per incoming free-text fact, over candidates sorted by similarity:
    the new fact leaves some standing is a partial contradiction: review, never replace;
 5. **strict means safe**: strict replaces the target only with positive evidence that both
    speak of one attribute of one subject (subjects that are not disjoint and frames at least
-   ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
+   ``attribute_similarity`` alike, :mod:`engine.gate.evidence`);
    without it strict adds (rule ``unproven``). Review queues the target whatever the evidence.
    Everything else is added.
 """
@@ -119,7 +119,7 @@ class Policy:
     """Strict means safe (issue 12, item 4): replace unattended only with positive evidence
     that memory and fact speak of the same attribute of the same subject (their subjects are not
     disjoint and their frames are at least ``attribute_similarity`` alike, see
-    :mod:`engine.gate.identify`); without it strict adds, and review-uncertain queues."""
+    :mod:`engine.gate.evidence`); without it strict adds, and review-uncertain queues."""
     attribute_similarity: float = 0.10
     """Frame similarity (embedder cosine, subject and values out) that counts as the same
     attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
@@ -310,7 +310,7 @@ class Evidence:
     (:func:`engine.gate.claims.adds_beside`): another attribute, or more detail."""
     subject: str = ""
     """How the subjects relate (:class:`engine.gate.names.Subject`: shared, disjoint, apart,
-    unknown; empty when not measured), from :mod:`engine.gate.identify`."""
+    unknown; empty when not measured), from :mod:`engine.gate.evidence`."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
     dated: str = ""

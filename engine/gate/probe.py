@@ -1,10 +1,9 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
 ``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` which hits the model must score; ``identify`` the
-subject relation and frame similarity of those hits; ``score`` the model's probabilities;
-``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`; ``decide``
-sets the decision.
+earlier facts of the batch); ``relate`` which hits the model must score; ``score`` the model's
+probabilities; ``evidence`` one typed :class:`~engine.gate.policy.Evidence` per hit; ``decide``
+the decision.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.gate.policy import Evidence
 from engine.types import Decision, Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
@@ -42,10 +42,6 @@ class Hit:
     """``relate``: the model scores (memory -> fact)."""
     reverse: bool = False
     """``relate``: the model scores (fact -> memory) too (the duplicate test)."""
-    subject: str = ""
-    """``identify``: ``shared``, ``disjoint`` or ``unknown`` subjects; empty when not read."""
-    attribute: float | None = None
-    """``identify``: the embedder's similarity of the two frames (subject and values out)."""
     contradiction: float | None = None
     entailment: float | None = None
     reverse_entailment: float | None = None
@@ -61,4 +57,6 @@ class Probe:
     """A free-text, non-episodic fact without an explicit key: compared against memories."""
     vector: np.ndarray | None = None
     hits: list[Hit] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    """``evidence``: one record per hit, in the hits' order."""
     decision: Decision | None = None

@@ -1,0 +1,157 @@
+"""Step 6, ``evidence``: every candidate's measurements as one typed
+:class:`~engine.gate.policy.Evidence`, built here and nowhere else.
+
+Only the hits ``relate`` sends to the model (``hit.forward``: at or above the floor) are read;
+the rule weighs the text signals of no other hit, so the others carry the model's scores and
+their similarity only. For those hits, one batch parse (:func:`engine.gate.claims.nlp.parse`)
+feeds:
+
+* **identify**: the subject relation (:func:`engine.gate.claims.frame.subject_relation`) and
+  the embedder's similarity of the two *frames*, the texts less their shared subject and values
+  (:func:`engine.gate.claims.frame.frame`): "Keiko has lived in Kobe since 2019" and "Keiko
+  lives in Osaka" leave "live" and "live"; "Maya is allergic to peanuts" and "Maya follows a
+  vegan diet" two attributes. Two texts with nothing left but the shared subject and values are
+  one attribute (1.0), and so are a bare text and one that names every word of its subject
+  ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900 Mbps");
+  otherwise, when only one side has words left, the attribute is not measured (None). All
+  frames of a batch go to the embedder in one call;
+* **claims**: what the two parsed claims say of each other (new values, partial address,
+  values changed or restated or added beside, another subject, another instance of one kind);
+* **overlap**: containment and claim counting over plain content tokens
+  (:mod:`engine.gate.overlap`);
+* **time order**: which of two dated texts is later (:mod:`engine.gate.claims.when`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from engine.gate import claims, overlap
+from engine.gate.claims import when
+from engine.gate.claims.compare import beyond_time, coverage
+from engine.gate.claims.frame import frame, shared_subject, subject_relation
+from engine.gate.claims.nlp import parse
+from engine.gate.policy import Evidence, Policy
+from engine.gate.ports import Embedder
+from engine.gate.probe import Hit, Probe
+
+__all__ = ["measure", "weigh"]
+
+
+def measure(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
+    """Set every probe's ``evidence`` (one record per hit, in the hits' order); returns the
+    number of frames embedded."""
+    if policy.claims:  # every text read below, parsed in one batch (memoised for all readers)
+        parse.many(
+            t
+            for probe in probes
+            if probe.checked
+            for t in (probe.fact.text, *(h.ref.text for h in probe.hits if h.forward))
+        )
+    subject: dict[tuple[int, int], str] = {}
+    attribute: dict[tuple[int, int], float] = {}
+    slots: list[tuple[tuple[int, int], str, str]] = []
+    for p, probe in enumerate(probes):
+        if not (probe.checked and policy.claims):
+            continue
+        text = probe.fact.text
+        for h, hit in enumerate(probe.hits):
+            if not hit.forward:
+                continue
+            memory = hit.ref.text
+            subject[p, h] = subject_relation(text, memory)
+            drop = shared_subject(text, memory)
+            a, b = frame(text, drop), frame(memory, drop)
+            if a and b:
+                slots.append(((p, h), a, b))
+            elif not (a or b) or _named_by_subject(
+                text if not a else memory, memory if not a else text
+            ):
+                attribute[p, h] = 1.0  # nothing but subject and values, or its subject names it
+    texts = list(dict.fromkeys(t for _, a, b in slots for t in (a, b)))
+    if texts:
+        vecs = embedder.embed(texts)
+        row = {t: vecs[i] for i, t in enumerate(texts)}
+        for at, a, b in slots:
+            attribute[at] = float(np.dot(row[a], row[b]))
+    for p, probe in enumerate(probes):
+        probe.evidence = [
+            weigh(probe.fact.text, hit, policy, subject.get((p, h), ""), attribute.get((p, h)))
+            for h, hit in enumerate(probe.hits)
+        ]
+    return len(texts)
+
+
+def _named_by_subject(bare: str, other: str) -> bool:
+    """``bare`` is nothing but its subject and values, and the other text names every word of
+    that subject: the subject phrase is the attribute ("the shop's broadband")."""
+    words = claims.claim(bare).subject
+    theirs = claims.claim(other)
+    return bool(words) and coverage(words, theirs.subject | theirs.content) == 1.0
+
+
+class _Claims(NamedTuple):
+    """What two parsed claims say of each other (all off when not compared)."""
+
+    new_values: bool = False
+    partial: bool = False
+    changed_kinds: frozenset[str] = frozenset()
+    value_change: bool = False
+    restated: bool = False
+    beside: bool = False
+    another: bool = False
+    apart: bool = False
+
+
+def _compare(old: claims.Claim, new: claims.Claim, policy: Policy) -> _Claims:
+    return _Claims(
+        new_values=bool(new.values - old.values),
+        partial=claims.partial(old, new)
+        or claims.negates_part(old, new)
+        or 0 < policy.partial_values <= claims.values_left(old.values, new.values),
+        changed_kinds=claims.changed_kinds(old.values, new.values),
+        value_change=claims.changes_value(old, new),
+        restated=claims.restates(old, new, policy.restate_coverage),
+        beside=claims.adds_beside(old, new),
+        another=claims.says_of_another(old, new),
+        apart=claims.named_apart(old, new),
+    )
+
+
+def weigh(
+    fact: str, hit: Hit, policy: Policy, subject: str = "", attribute: float | None = None
+) -> Evidence:
+    """One candidate's evidence: ``hit``'s scores, the identified ``subject`` relation and
+    ``attribute`` similarity, and the text signals of the memory and ``fact``."""
+    ref, near, parsed = hit.ref, policy.lexical and hit.forward, hit.forward and policy.claims
+    got = _Claims()
+    dated = ""
+    if parsed:
+        old, new = claims.claim(ref.text), claims.claim(fact)
+        got = _compare(old, new, policy) if near else got
+        if policy.time_order:  # later / earlier, when both are dated and differ beyond that
+            order = when.order(when.stamp(fact), when.stamp(ref.text))
+            dated = order if order and beyond_time(old, new) else ""
+    return Evidence(
+        memory_id=ref.memory_id,
+        text=ref.text,
+        similarity=hit.similarity,
+        contradiction=hit.contradiction,
+        entailment=hit.entailment,
+        reverse_entailment=hit.reverse_entailment,
+        key=ref.key,
+        mismatch="other_subject" if got.another else "other_instance" if got.apart else "",
+        contained=near and not got.new_values and overlap.contains(ref.text, fact),
+        partial=near and (overlap.claims(ref.text, fact).partial or got.partial),
+        subject=subject,
+        attribute=attribute,
+        new_values=got.new_values,
+        changed_kinds=got.changed_kinds,
+        value_change=got.value_change,
+        restated=got.restated,
+        beside=got.beside,
+        dated=dated,
+    )
