@@ -43,12 +43,9 @@ def pipeline() -> Any:
 class _Docs:
     """The memo of parsed texts: at most ``maxsize`` ``Doc`` objects, least recently used out.
 
-    :func:`parse` reads one text; :meth:`many` parses every text of a batch that is not there
-    yet in one ``nlp.pipe`` call, about 3x cheaper per text than one call each (measured: 1.0-1.1
-    against 2.9-3.3 ms per text on 600 memory and fact texts, 2-core AMD EPYC) and with
-    identical parses (tags, lemmas, heads, labels and morphology of all 9,786 distinct texts of
-    dev and heldout to heldout-8). It has
-    ``lru_cache``'s ``cache_clear``, ``cache_info`` and ``cache_parameters``."""
+    :meth:`many` parses a batch's new texts in one ``nlp.pipe`` call (about 3x cheaper per text,
+    identical parses). It has ``lru_cache``'s ``cache_clear``, ``cache_info`` and
+    ``cache_parameters``."""
 
     def __init__(self, maxsize: int, batch_size: int = 64) -> None:
         self.maxsize = maxsize
