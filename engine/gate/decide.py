@@ -1,17 +1,10 @@
 """Step 7, ``decide``: the facts' decisions, in batch order.
 
 A later fact sees what earlier facts of the batch did: a memory an earlier fact replaced is no
-longer a candidate, an earlier fact that stored nothing (skip, review) is not one either, and an
-earlier fact's candidate id resolves to the id its memory got. The rules:
-
-* ``episodic``: an event log entry is always added;
-* ``keyed_new`` / ``keyed_same`` / ``keyed``: a fact with an explicit key is added when its
-  namespace holds no active memory with that key, skipped when it repeats that memory's text,
-  and replaces it otherwise (no model involved);
-* every other fact: the policy's rule (:func:`engine.gate.policy.apply_rule`) over its candidates'
-  evidence (:mod:`engine.gate.evidence`), then the judge's amendment when the gate has
-  one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add, a replace an add
-  or, under review-uncertain, a review).
+longer a candidate, nor is an earlier fact that stored nothing, and an earlier fact's id
+resolves to the id its memory got. Episodes are added; a keyed fact is added, skipped (same
+text) or replaces its key's memory, no model; every other fact gets the policy's rule over its
+candidates' evidence (:mod:`engine.gate.evidence`), then the judge's amendment.
 """
 
 from __future__ import annotations

