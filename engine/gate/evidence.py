@@ -25,6 +25,7 @@ feeds:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -38,7 +39,7 @@ from engine.gate.policy import Evidence, Policy
 from engine.gate.ports import Embedder
 from engine.gate.probe import Hit, Probe
 
-__all__ = ["measure", "weigh"]
+__all__ = ["measure", "scored", "settle", "weigh"]
 
 
 def measure(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
@@ -83,6 +84,66 @@ def measure(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
             for h, hit in enumerate(probe.hits)
         ]
     return len(texts)
+
+
+def settle(probes: Sequence[Probe], policy: Policy, *, judged: int) -> int:
+    """Take back the model pairs ``relate`` asked for whose scores cannot change a decision, nor
+    the judge's reading (``judged``: how many of the closest candidates it reads, 0 without a
+    judge); returns how many were taken back. Read before :func:`engine.gate.score.score`.
+
+    A candidate is *fixed* when it surely stays a candidate at decision time: a stored memory
+    no earlier fact of the batch can replace (not above the floor for one, no earlier keyed fact
+    with its key). Then, over the candidates at or above the floor:
+
+    * a fixed one that contains or restates the fact means a skip whatever the scores, once the
+      closest (fixed) one's duplicate test has its scores: only the closest is scored;
+    * one about something else (``mismatch``) never passes, whatever its contradiction; it is
+      not scored when ``judged`` fixed candidates are closer (the judge never reads it).
+
+    Such a candidate reports no contradiction (its reason says why it did not pass).
+    """
+    threatened: dict[str, set[str]] = {}  # namespace -> ids an earlier fact may replace
+    keys: dict[str, set[str]] = {}  # namespace -> keys of earlier keyed facts
+    dropped = 0
+    for probe in probes:
+        ns = probe.fact.namespace
+        mine = [(h, e) for h, e in zip(probe.hits, probe.evidence, strict=True) if h.forward]
+        gone, keyed = threatened.setdefault(ns, set()), keys.setdefault(ns, set())
+        fixed = [_fixed(h, gone, keyed) for h, _ in mine]
+        skip = any(f and (e.contained or e.restated) for f, (_, e) in zip(fixed, mine, strict=True))
+        if mine and fixed[0] and skip:
+            drop = [h for h, _ in mine[1:]]
+        else:  # mismatched ones with ``judged`` fixed ones closer
+            drop = [h for i, (h, e) in enumerate(mine) if e.mismatch and sum(fixed[:i]) >= judged]
+        for hit in drop:
+            dropped += hit.forward + hit.reverse
+            hit.forward = hit.reverse = False
+        gone.update(h.ref.memory_id for h, _ in mine)
+        if probe.fact.key is not None:
+            keyed.add(probe.fact.key)
+    return dropped
+
+
+def _fixed(hit: Hit, gone: set[str], keyed: set[str]) -> bool:
+    """A stored memory that no earlier fact of the batch can replace."""
+    ref = hit.ref
+    return ref.rowid is not None and ref.memory_id not in gone and ref.key not in keyed
+
+
+def scored(probes: Sequence[Probe]) -> None:
+    """Put the model's probabilities (:func:`engine.gate.score.score`) into the records."""
+    for probe in probes:
+        probe.evidence = [
+            ev
+            if hit.contradiction is None and hit.reverse_entailment is None
+            else replace(
+                ev,
+                contradiction=hit.contradiction,
+                entailment=hit.entailment,
+                reverse_entailment=hit.reverse_entailment,
+            )
+            for hit, ev in zip(probe.hits, probe.evidence, strict=True)
+        ]
 
 
 def _named_by_subject(bare: str, other: str) -> bool:

@@ -25,8 +25,9 @@ from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
-from engine.gate.evidence import measure
+from engine.gate.evidence import measure, scored, settle
 from engine.gate.judge import VerdictJudge
+from engine.gate.judge.features import JUDGED
 from engine.gate.names import Rule
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
@@ -239,7 +240,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> relate -> score -> evidence -> decide -> commit."""
+        """plan -> embed -> recall -> relate -> evidence -> score -> decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
@@ -404,9 +405,9 @@ def decide_recalled(
     timings: dict[str, float] | None = None,
     judge: VerdictJudge | None = None,
 ) -> tuple[list[Decision], int]:
-    """relate -> score -> evidence -> decide, over probes whose hits are recalled: the
+    """relate -> evidence -> score -> decide, over probes whose hits are recalled: the
     decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``relate``, ``nli``, ``identify`` (the evidence step, the batch's parse included) and
+    ``relate``, ``identify`` (the evidence step, the batch's parse included), ``nli`` and
     ``decide`` seconds.
     :meth:`Gate.triage` and callers that bring their own candidates
     (:func:`engine.adapters.graphiti.judge`) share this sequence."""
@@ -415,11 +416,13 @@ def decide_recalled(
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
     timings["relate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    pairs = score(probes, nli)
-    timings["nli"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
     measure(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
+    settle(probes, pol, judged=JUDGED if judge is not None and pol.judge else 0)
     timings["identify"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pairs = score(probes, nli)
+    scored(probes)
+    timings["nli"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0

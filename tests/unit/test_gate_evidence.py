@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
-from engine.gate.evidence import _named_by_subject, measure, weigh
+from engine.gate.evidence import _named_by_subject, measure, scored, settle, weigh
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, apply_rule
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
@@ -239,3 +239,60 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
     q.hits[0].contradiction = 0.99
     ev = weigh(q.fact.text, q.hits[0], STRICT, "unknown", 1.0)
     assert ev.mismatch == "" and apply_rule([ev], STRICT).action == "replace"
+
+
+def _stored(text: str, *memories: str, index: int = 0) -> Probe:
+    """A probe whose hits are stored memories (rowid set), most similar first, all weighed."""
+    p = Probe(index=index, fact=Fact(namespace="ns", text=text), checked=True)
+    p.hits = [
+        Hit(Ref(f"m{i}", m, None, rowid=i), similarity=0.95 - 0.01 * i, rank=i, forward=True)
+        for i, m in enumerate(memories)
+    ]
+    return p
+
+
+def test_settle_scores_only_the_closest_when_a_stored_memory_contains_the_fact() -> None:
+    p = _stored(
+        "The team standup is at 9am.",
+        "The team standup is at 10am.",
+        "The team standup is at 9am every weekday in room 4.",
+        "The team retro is at 4pm.",
+    )
+    measure([p], FakeEmbedder(), STRICT)
+    assert p.evidence[1].contained
+    assert settle([p], STRICT, judged=3) == 2
+    assert [h.forward for h in p.hits] == [True, False, False]  # the duplicate test's pair stays
+    p.hits[0].contradiction = 0.99
+    scored([p])
+    v = apply_rule(p.evidence, STRICT)
+    assert (v.action, v.rule, v.target_id) == ("skip", "contained", "m1")
+    assert v.candidates[2].contradiction is None and v.candidates[2].reason == "not_reached"
+
+
+def test_settle_scores_everything_an_earlier_fact_of_the_batch_may_change() -> None:
+    # the earlier fact may replace the containing memory: the later one must have every score
+    first = _stored("The standup is at 9am every weekday in room 5.", "Standup at 9am in room 4.")
+    later = _stored(
+        "The team standup is at 9am.",
+        "The team standup is at 10am.",
+        "The team standup is at 9am every weekday in room 4.",
+        index=1,
+    )
+    later.hits[1].ref = Ref("m0", later.hits[1].ref.text, None, rowid=0)  # first's candidate
+    measure([first, later], FakeEmbedder(), STRICT)
+    assert later.evidence[1].contained
+    assert settle([first, later], STRICT, judged=3) == 0
+    assert all(h.forward for h in later.hits)
+
+
+def test_settle_leaves_a_mismatched_candidate_unscored_only_beyond_the_judged() -> None:
+    p = _stored(
+        "Ms Varga's tutor on Tuesdays: Nadia Osei.",
+        "Ms Varga's tutor on Tuesdays: Idris Kalu.",
+        "Ms Varga's piano teacher is Ana Ruiz.",
+        "Mr Varga's tutor on Tuesdays: Nadia Osei.",
+    )
+    measure([p], FakeEmbedder(), STRICT)
+    assert [e.mismatch for e in p.evidence] == ["", "", "other_subject"]
+    assert settle([p], STRICT, judged=3) == 0  # the judge reads the three closest
+    assert settle([p], STRICT, judged=2) == 1 and not p.hits[2].forward
