@@ -1,25 +1,14 @@
-"""Step 6, ``evidence``: every candidate's measurements as one typed
+"""Step 5, ``evidence``: each candidate's measurements as one typed
 :class:`~engine.gate.policy.Evidence`, built here and nowhere else.
 
-Only the hits ``relate`` sends to the model (``hit.forward``: at or above the floor) are read;
-the rule weighs the text signals of no other hit, so the others carry the model's scores and
-their similarity only. For those hits, one batch parse (:func:`engine.gate.claims.nlp.parse`)
-feeds:
-
-* **identify**: the subject relation (:func:`engine.gate.claims.frame.subject_relation`) and
-  the embedder's similarity of the two *frames*, the texts less their shared subject and values
-  (:func:`engine.gate.claims.frame.frame`): "Keiko has lived in Kobe since 2019" and "Keiko
-  lives in Osaka" leave "live" and "live"; "Maya is allergic to peanuts" and "Maya follows a
-  vegan diet" two attributes. Two texts with nothing left but the shared subject and values are
-  one attribute (1.0), and so are a bare text and one that names every word of its subject
-  ("The shop's broadband is 80 Mbps" / "The shop upgraded its broadband to 900 Mbps");
-  otherwise, when only one side has words left, the attribute is not measured (None). All
-  frames of a batch go to the embedder in one call;
-* **claims**: what the two parsed claims say of each other (new values, partial address,
-  values changed or restated or added beside, another subject, another instance of one kind);
-* **overlap**: containment and claim counting over plain content tokens
-  (:mod:`engine.gate.overlap`);
-* **time order**: which of two dated texts is later (:mod:`engine.gate.claims.when`).
+Only the hits ``relate`` sends to the model (``hit.forward``: at or above the floor) are read,
+from one batch parse: **identify** (the subject relation, and the embedder's similarity of the
+two *frames*, the texts less their shared subject and values: "Keiko has lived in Kobe since
+2019" / "Keiko lives in Osaka" leave "live" / "live"; all frames of a batch in one embedder
+call), **claims** (values new, changed, restated or added beside; a partial address; another
+subject; another instance of one kind), **overlap** (containment, claim counting) and **time
+order**. :func:`settle` then takes back the model pairs whose scores cannot change a decision,
+and :func:`scored` adds the probabilities of the rest.
 """
 
 from __future__ import annotations

@@ -76,8 +76,14 @@ def content_tokens(text: str) -> tuple[str, ...]:
     and punctuation removed."""
     from engine.gate.claims.nlp import words  # here: claims.compare imports close from us
 
+    joined: list[str] = []  # letters split with no space between ("id" -> "i" "d") are one word
+    for token in words(text):
+        if joined and joined[-1].isalpha() and token.rstrip().isalpha():
+            joined[-1] += token
+        else:
+            joined.append(token)
     out = []
-    for raw in (w for token in words(text) for w in _WORD.findall(token.replace("’", "'"))):
+    for raw in (w for token in joined for w in _WORD.findall(token.replace("’", "'"))):
         w = raw.lower()
         if w.endswith("'s"):
             w = w[:-2]

@@ -103,8 +103,8 @@ and again); ``parse.many(texts)`` parses a batch's new texts in one call."""
 
 @lru_cache(maxsize=65536)
 def words(text: str) -> tuple[str, ...]:
-    """``text`` as spaCy's tokenizer splits it (the parse's own first step, no tagging): the
-    gate's one tokeniser, also for the pieces of a text that are never parsed whole (the
-    segments and words :mod:`engine.gate.overlap` counts)."""
+    """``text`` as spaCy's tokenizer splits it (the parse's own first step, no tagging), each
+    token with its trailing whitespace (they join back to ``text``): the gate's one tokeniser,
+    also for the pieces of a text never parsed whole (those :mod:`engine.gate.overlap` counts)."""
     with _lock:
-        return tuple(t.text for t in pipeline().tokenizer(text))
+        return tuple(t.text_with_ws for t in pipeline().tokenizer(text))
