@@ -1,9 +1,9 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
 ``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` which hits the model must score; ``score`` the model's
-probabilities; ``evidence`` one typed :class:`~engine.gate.policy.Evidence` per hit; ``decide``
-the decision.
+earlier facts of the batch); ``relate`` which hits are weighed and scored; ``evidence`` one typed
+:class:`~engine.gate.policy.Evidence` per hit (and which pairs need no score); ``score`` the
+model's probabilities; ``decide`` the decision.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class Hit:
     rank: int = 0
     """Position among the fact's candidates, most similar first."""
     forward: bool = False
-    """``relate``: the model scores (memory -> fact)."""
+    """``relate``: at or above the floor, so weighed; the model scores (memory -> fact) unless
+    ``settle`` takes the pair back (its score cannot change the decision)."""
     reverse: bool = False
     """``relate``: the model scores (fact -> memory) too (the duplicate test)."""
     contradiction: float | None = None
