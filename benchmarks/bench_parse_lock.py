@@ -94,12 +94,12 @@ class OneLock:
 
 
 def use(memo: Any) -> None:
-    """Route the gate's parsing (identify, frame, claim) through ``memo``."""
+    """Route the gate's parsing (evidence, frame, claim) through ``memo``."""
     import engine.gate.claims.claim as claim_mod
     import engine.gate.claims.frame as frame_mod
-    import engine.gate.identify as identify_mod
+    import engine.gate.evidence as evidence_mod
 
-    for mod in (identify_mod, frame_mod, claim_mod):
+    for mod in (evidence_mod, frame_mod, claim_mod):
         mod.parse = memo  # type: ignore[attr-defined]
 
 

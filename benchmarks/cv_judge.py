@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.app import EngineSettings, open_engine
     from engine.gate.gate import policy_for
-    from engine.gate.judge.boost import BoostSettings
     from engine.gate.policy import REVIEW
     from engine.runtime.loader import ModelChoice
     from engine.runtime.session import SessionSettings
+    from engine.tuning.boost import BoostSettings
     from engine.tuning.evaluate import load_cases
     from engine.tuning.fit_judge import (
         capture,

@@ -1,30 +1,22 @@
 """Step 7, ``decide``: the facts' decisions, in batch order.
 
 A later fact sees what earlier facts of the batch did: a memory an earlier fact replaced is no
-longer a candidate, an earlier fact that stored nothing (skip, review) is not one either, and an
-earlier fact's candidate id resolves to the id its memory got. The rules:
-
-* ``episodic``: an event log entry is always added;
-* ``keyed_new`` / ``keyed_same`` / ``keyed``: a fact with an explicit key is added when its
-  namespace holds no active memory with that key, skipped when it repeats that memory's text,
-  and replaces it otherwise (no model involved);
-* every other fact: the policy's rule (:func:`engine.gate.policy.apply_rule`) over its candidates'
-  evidence (:mod:`engine.gate.weigh`), then the judge's amendment when the gate has
-  one (:mod:`engine.gate.judge`: an add may become a skip, a skip an add, a replace an add
-  or, under review-uncertain, a review).
+longer a candidate, nor is an earlier fact that stored nothing, and an earlier fact's id
+resolves to the id its memory got. Episodes are added; a keyed fact is added, skipped (same
+text) or replaces its key's memory, no model; every other fact gets the policy's rule over its
+candidates' evidence (:mod:`engine.gate.evidence`), then the judge's amendment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.gate.judge import VerdictJudge
 from engine.gate.names import Reason, Rule
 from engine.gate.policy import Policy
 from engine.gate.policy import apply_rule as rule
 from engine.gate.probe import Probe
-from engine.gate.weigh import weigh
 from engine.store import new_memory_id
 from engine.types import Candidate, Decision, Memory
 
@@ -77,11 +69,11 @@ def _free_text(
     probe: Probe, policy: Policy, batch: EarlierFacts, new_id: str, judge: VerdictJudge | None
 ) -> Decision:
     evidence = []
-    for hit in probe.hits:
-        mid = batch.ids.get(hit.ref.memory_id, hit.ref.memory_id)
+    for ev in probe.evidence:
+        mid = batch.ids.get(ev.memory_id, ev.memory_id)
         if mid in batch.gone or mid.startswith("@"):
             continue  # superseded earlier in this batch, or that fact stored nothing
-        evidence.append(weigh(probe, hit, policy, mid))
+        evidence.append(ev if mid == ev.memory_id else replace(ev, memory_id=mid))
     v = rule(evidence, policy)
     if judge is not None:
         v = judge.amend(v, evidence, probe.fact.text, policy)

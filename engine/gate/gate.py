@@ -25,8 +25,9 @@ from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
-from engine.gate.identify import identify
+from engine.gate.evidence import measure, scored, settle
 from engine.gate.judge import VerdictJudge
+from engine.gate.judge.features import JUDGED
 from engine.gate.names import Rule
 from engine.gate.plan import plan
 from engine.gate.policy import Policy, policy_by_name
@@ -42,20 +43,7 @@ from engine.store.base import Resolution, ReviewResolution
 from engine.types import KINDS, Decision, Event, Fact, Memory, ReviewItem, ValidFacts
 from engine.validation import is_namespace
 
-__all__ = [
-    "EmbedderLike",
-    "Gate",
-    "GateSettings",
-    "NLILike",
-    "TriageResult",
-    "decide_recalled",
-    "policy_for",
-]
-
-EmbedderLike = Embedder
-"""Former name of :class:`engine.gate.ports.Embedder`."""
-NLILike = NLI
-"""Former name of :class:`engine.gate.ports.NLI`."""
+__all__ = ["Gate", "GateSettings", "TriageResult", "decide_recalled", "policy_for"]
 
 S = TypeVar("S", bound=Store)
 X = TypeVar("X", bound=Index)
@@ -121,11 +109,8 @@ def validate_fact(fact: Fact, settings: GateSettings) -> None:
 
 
 class Gate(Generic[S, X]):
-    """Decides, and optionally commits, batches of facts. Thread-safe per namespace.
-
-    Generic in the concrete store and index, so a caller keeps their full types
-    (``gate.index.close()``); the gate itself uses only the :mod:`engine.gate.ports` protocols.
-    """
+    """Decides, and optionally commits, batches of facts. Thread-safe per namespace. Generic in
+    the concrete store and index (a caller keeps their types); it uses only the ports."""
 
     def __init__(
         self,
@@ -203,11 +188,9 @@ class Gate(Generic[S, X]):
 
         A fact whose idempotency key the store already holds, or that repeats the key of an
         earlier fact of this batch, is a *replay*: it answers the recorded result (or that
-        earlier fact's) and takes no part in the decisions. Left in, it would be decided afresh
-        and could hand a later fact of the batch an in-batch target (a memory id it assigned)
-        that its replayed commit never stores, or hide a memory its stale decision replaced.
-        Runs under the namespace locks when ``apply``, so no other writer of this engine can
-        commit one of these keys between the look-up and the commit.
+        earlier fact's) and takes no part in the decisions, where it could hand a later fact an
+        in-batch target its replayed commit never stores. Runs under the namespace locks when
+        ``apply``, so no writer of this engine commits one of these keys in between.
         """
         recorded = self._recorded(facts)
         first: dict[tuple[str, str], int] = {}
@@ -230,19 +213,9 @@ class Gate(Generic[S, X]):
         for i, fact in enumerate(facts):
             if i in recorded:
                 r = recorded[i]
-                decisions.append(
-                    Decision(
-                        r.action,
-                        fact,
-                        r.target_id,
-                        (),
-                        pol.name,
-                        Rule.REPLAYED,
-                        memory_id=r.memory_id,
-                        review_id=r.review_id,
-                        replayed=True,
-                    )
-                )
+                d = Decision(r.action, fact, r.target_id, (), pol.name, Rule.REPLAYED)
+                d = dc_replace(d, memory_id=r.memory_id, review_id=r.review_id, replayed=True)
+                decisions.append(d)
             elif i in replay_of:
                 d = decided[replay_of[i]]
                 decisions.append(dc_replace(d, fact=fact, replayed=True))
@@ -267,7 +240,7 @@ class Gate(Generic[S, X]):
         return out
 
     def _triage(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """plan -> embed -> recall -> relate -> identify -> score -> weigh / decide -> commit."""
+        """plan -> embed -> recall -> relate -> evidence -> score -> decide -> commit."""
         timings: dict[str, float] = {}
         probes = plan(facts, pol)
         t0 = time.perf_counter()
@@ -401,15 +374,7 @@ class Gate(Generic[S, X]):
             return []
         vectors = self.embedder.embed([f.text for f in facts])
         decisions = [
-            Decision(
-                "add",
-                f,
-                None,
-                (),
-                "ingest",
-                "ingest",
-                memory_id=new_memory_id(),
-            )
+            Decision("add", f, None, (), "ingest", "ingest", memory_id=new_memory_id())
             for f in facts
         ]
         with self.namespaces_locked({f.namespace for f in facts}):
@@ -417,7 +382,7 @@ class Gate(Generic[S, X]):
 
 
 def policy_for(
-    policy: Policy | str, nli: NLILike, embedder: EmbedderLike, judge: VerdictJudge | None = None
+    policy: Policy | str, nli: NLI, embedder: Embedder, judge: VerdictJudge | None = None
 ) -> Policy:
     """A named policy with the thresholds of these models (:mod:`engine.gate.thresholds`) and
     the bars of their judge; a :class:`Policy` object is taken as it is."""
@@ -440,9 +405,10 @@ def decide_recalled(
     timings: dict[str, float] | None = None,
     judge: VerdictJudge | None = None,
 ) -> tuple[list[Decision], int]:
-    """relate -> identify -> score -> weigh / decide, over probes whose hits are recalled:
-    the decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``identify`` (the batch's parse included), ``relate``, ``nli`` and ``decide`` seconds.
+    """relate -> evidence -> score -> decide, over probes whose hits are recalled: the
+    decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
+    ``relate``, ``identify`` (the evidence step, the batch's parse included), ``nli`` and
+    ``decide`` seconds.
     :meth:`Gate.triage` and callers that bring their own candidates
     (:func:`engine.adapters.graphiti.judge`) share this sequence."""
     timings = {} if timings is None else timings
@@ -450,10 +416,12 @@ def decide_recalled(
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
     timings["relate"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    identify(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
+    measure(probes, embedder, pol)  # reads the hits relate sends to the model, and no other
+    settle(probes, pol, judged=JUDGED if judge is not None and pol.judge else 0)
     timings["identify"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     pairs = score(probes, nli)
+    scored(probes)
     timings["nli"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     decisions = decide(probes, pol, active_by_key, judge)

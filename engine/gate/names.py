@@ -1,13 +1,9 @@
 """The gate's closed vocabularies: the rule a decision reports, the reason a candidate reports,
-and how two texts' subjects relate. One place, so the docs, the stored score records and the
-code cannot drift apart (``tests/unit/test_gate_names.py`` checks that every name the gate
-produces is a member, and that docs/gate.md lists every rule).
-
-They are ``StrEnum``: a member *is* its string, so stored records, JSON and protobuf fields
-carry the plain name (``"contradiction"``), as they always have. Some reasons carry a detail
-after a colon (``mismatch:other_subject``, ``unproven:subject_disjoint``) and two rules are
-composed (``partial_contradiction:later_dated``, ``contradiction+confident``);
-:func:`partial_rule` and :func:`confident_rule` build those.
+and how two texts' subjects relate (``tests/unit/test_gate_names.py`` checks that every name
+the gate produces is a member). ``StrEnum``: a member *is* its string, so records, JSON and
+protobuf carry the plain name. Some reasons carry a detail after a colon
+(``mismatch:other_subject``) and two rules are composed (``partial_contradiction:later_dated``,
+``contradiction+confident``): :func:`partial_rule` and :func:`confident_rule` build those.
 """
 
 from __future__ import annotations
@@ -69,10 +65,6 @@ class Rule(StrEnum):
     """The judge calls a candidate a restatement: skipped."""
 
 
-UPDATE_RULES = frozenset({Rule.CONTRADICTION, Rule.EXPLICIT_CHANGE, Rule.LATER_DATED})
-"""The rules under which a candidate passes as the fact's target."""
-
-
 class Reason(StrEnum):
     """Why a candidate passed or not (``Candidate.reason``; some carry a detail after ``:``)."""
 
@@ -101,7 +93,7 @@ class Reason(StrEnum):
 
 
 class Subject(StrEnum):
-    """How the subjects of a fact and a memory relate (:mod:`engine.gate.identify`)."""
+    """How the subjects of a fact and a memory relate (:mod:`engine.gate.evidence`)."""
 
     SHARED = "shared"
     """A word of one subject occurs in the other text."""

@@ -1,16 +1,11 @@
-"""Lexical evidence the NLI model misses: containment, claims, polarity. Pure and fast.
+"""Lexical evidence the NLI model misses: containment, claim counting, polarity. Pure and fast.
 
-The offline contradiction model scores many compatible pairs as contradictions, and scores a
-restatement of a stored fact ("Keiko lives in Kobe." after "Keiko has lived in Kobe since 2019.")
-as neither entailed nor contradicted. Three cheap signals carry what it cannot:
-
-* **containment**: every content word of the new fact already appears in the memory (with light
-  stemming, number words as digits and one-typo tolerance) and the polarity agrees, so the new
-  fact says nothing new: a duplicate or a less specific restatement;
-* **claims**: a memory that packs several claims ("lives in Trieste, teaches piano, and has a
-  son") and a new fact that touches only some of them is a partial contradiction: replacing the
-  memory would destroy the claims the new fact does not restate, so it goes to review;
-* **polarity**: a negation on one side only ("not on any social media" / "on social media").
+The offline contradiction model calls many compatible pairs contradictions and a restatement
+("Keiko lives in Kobe." after "Keiko has lived in Kobe since 2019.") neither. So: **containment**
+(every content word of the fact is in the memory, same polarity: nothing new), **claims** (a
+memory packing several claims of which the fact touches only some: replacing it would destroy
+the others, so review) and **polarity** (a negation on one side only). Tokens are spaCy's
+(:func:`engine.gate.claims.nlp.words`), normalised here (stems, number words, a stop list).
 """
 
 from __future__ import annotations
@@ -77,9 +72,18 @@ def _stem(word: str) -> str:
 
 @lru_cache(maxsize=65536)
 def content_tokens(text: str) -> tuple[str, ...]:
-    """Lower-cased, stemmed content words and numbers, in order, stop words removed."""
+    """Lower-cased, stemmed content words and numbers of spaCy's tokens, in order, stop words
+    and punctuation removed."""
+    from engine.gate.claims.nlp import words  # here: claims.compare imports close from us
+
+    joined: list[str] = []  # letters split with no space between ("id" -> "i" "d") are one word
+    for token in words(text):
+        if joined and joined[-1].isalpha() and token.rstrip().isalpha():
+            joined[-1] += token
+        else:
+            joined.append(token)
     out = []
-    for raw in _WORD.findall(text.replace("’", "'")):
+    for raw in (w for token in joined for w in _WORD.findall(token.replace("’", "'"))):
         w = raw.lower()
         if w.endswith("'s"):
             w = w[:-2]

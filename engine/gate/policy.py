@@ -1,25 +1,13 @@
 """Gate policies and the pure decision rule. No I/O, no models: unit-tested with synthetic scores.
 
-The rule, per incoming free-text fact, over candidates sorted by similarity:
-
-1. keep candidates at or above the similarity ``floor``;
-2. **duplicate first**: the most similar candidate is a duplicate when it is nearly identical
-   (``duplicate_similarity``), the model sees no contradiction, and, where the model has an
-   entailment label, each side entails the other;
-   or it already contains every content word of the new fact with the same polarity;
-3. a candidate **passes** when its contradiction clears the threshold and its entities and
-   numbers do not show it to be about something else. A candidate with positive evidence of an
-   update needs less: one the fact repeats with values of the same kinds changed
-   (``value_change_contradiction``), one the fact is dated after (``dated_contradiction``);
-4. the **single most similar** passing candidate is the target. When a second passing candidate
-   is about as similar (``ambiguity_margin``) and nothing tells them apart, the fact is ambiguous
-   and goes to review instead of replacing either. A target that packs several claims of which
-   the new fact leaves some standing is a partial contradiction: review, never replace;
-5. **strict means safe**: strict replaces the target only with positive evidence that both
-   speak of one attribute of one subject (subjects that are not disjoint and frames at least
-   ``attribute_similarity`` alike, :mod:`engine.gate.identify`);
-   without it strict adds (rule ``unproven``). Review queues the target whatever the evidence.
-   Everything else is added.
+:func:`apply_rule` reads each candidate's :class:`Evidence` and tries its tests in order, first
+that applies wins: nothing above the floor; the closest near-identical, contained or restated
+candidate (skip); the candidates whose contradiction clears their bar (lower with positive
+evidence of an update: a value change, a later date) and that are not about something else;
+then, for the most similar of those, an earlier date, a near rival, a rival whose frame is
+nearer, a much more similar non-conflicting memory, a partial contradiction, and strict's need
+of proof that both speak of one attribute of one subject. The rows, their order and an example
+of each are :data:`engine.gate.table.ROWS`.
 """
 
 from __future__ import annotations
@@ -72,26 +60,19 @@ class Policy:
     """At or above this similarity, a candidate the fact repeats with values of the same kinds
     changed (£34 -> £39 a month) passes at ``value_change_contradiction``."""
     value_change_contradiction: float = 0.50
-    """The bar for a candidate the fact repeats word for word with values of the same kinds
-    changed (:func:`engine.gate.claims.changes_value`, at ``value_change_similarity``): the
-    change itself is the evidence, so the model need only not see compatibility."""
+    """The bar for a candidate the fact repeats with values of the same kinds changed
+    (:func:`engine.gate.claims.changes_value`): the change itself is the evidence."""
     attribute_margin: float = 0.20
     """A candidate that would lose to the target, holding a value of the kind the fact changes
     in the target, with a frame this much nearer the fact's, may be the attribute meant
     (limit $8,000: the card's annual fee $95 or its credit limit $6,500?): review."""
     ambiguity_margin: float = 0.05
-    """Two passing candidates closer than this in similarity are equally plausible targets.
-    0.05 (was the seed's 0.02): over the six tuned-on sets (1,326 cases) 4 fewer wrongful
-    overwrites (siblings of one attribute, the outbound and the return leg) for 2 updates
-    sent to review instead; 0.10 gave 1 fewer still for 7 more updates lost."""
+    """Two passing candidates closer than this in similarity are equally plausible targets
+    (siblings of one attribute: the outbound and the return leg)."""
     dominance_margin: float = 0.06
     """A passing candidate this much less similar than the best non-conflicting candidate is
     not the fact's subject: the fact is about the more similar memory, which it does not
-    contradict, so nothing is replaced (over dev, heldout, heldout-2 and heldout-3: 3 fewer
-    wrongful overwrites, the same update recall). 0.06 is the
-    middle of the range (0.02-0.09) that gave the same, best results on both the dev and the
-    held-out set (0.12: two more wrongful overwrites on held-out, e.g. a fact about the Ohio
-    warehouse replacing the Indiana one)."""
+    contradict, so nothing is replaced."""
     review_scope: Literal["all", "uncertain"] = "all"
     """Review mode only. ``all``: every conflict is queued. ``uncertain``: a conflict that would
     pass the strict rules at ``auto_floor`` is replaced, and only the rest is queued."""
@@ -100,75 +81,56 @@ class Policy:
     lexical: bool = True
     """Use lexical containment (duplicates) and claim counting (partial contradictions)."""
     claims: bool = True
-    """Parse claims with spaCy: a fact restating a memory's canonical values is a duplicate;
-    a memory with coordinated predicates the fact addresses only partly goes to review."""
+    """Parse claims with spaCy (subjects, frames, values, time order)."""
     restate_coverage: float = 0.0
     """Share of the fact's content words (values and subject aside) the memory must hold for
-    equal values to make a restatement. 0: equal canonical values suffice, with the subject,
-    polarity, typed-value and swapped-name guards of :func:`engine.gate.claims.restates`
-    carrying the precision. Chosen by 5-fold cross-validation over dev, heldout, heldout-2 and
-    heldout-3 (791 cases; grid 0, 0.34, 0.5 with the thresholds): every fold chose 0. Over
-    the 791 cases 0 gives 2 fewer wrongful overwrites than 0.5 and the same update recall."""
-
+    equal values to make a restatement. 0: equal canonical values suffice, the guards of
+    :func:`engine.gate.claims.restates` carrying the precision (chosen by cross-validation)."""
     partial_values: int = 2
     """A memory of which a value-changing fact leaves at least this many values standing
     ("Staging runs v2.3 on 3 nodes in eu-north-1" -> "staging is on v2.4") is a partial
     contradiction: review, never replace. 0 turns the value count off."""
 
     evidence: bool = True
-    """Strict means safe (issue 12, item 4): replace unattended only with positive evidence
-    that memory and fact speak of the same attribute of the same subject (their subjects are not
-    disjoint and their frames are at least ``attribute_similarity`` alike, see
-    :mod:`engine.gate.identify`); without it strict adds, and review-uncertain queues."""
+    """Strict means safe: replace unattended only with positive evidence that memory and fact
+    speak of one attribute of one subject (:meth:`Evidence.proven`); without it strict adds,
+    and review-uncertain queues."""
     attribute_similarity: float = 0.10
-    """Frame similarity (embedder cosine, subject and values out) that counts as the same
-    attribute. Belongs to the embedder: :mod:`engine.gate.thresholds`."""
+    """Frame similarity that counts as one attribute (belongs to the embedder)."""
     judge: bool = True
-    """Let the judge fitted for the served models (:mod:`engine.gate.judge`, built by
-    ``memgate models judge``) amend the rule: a fact the rule would add is skipped when one of
-    the closest candidates is a duplicate with probability ``judge_duplicate``; a rule's
-    replacement whose target the judge gives an update probability under ``judge_veto`` is not
-    made (strict adds, review-uncertain queues). It never replaces where the rule did not.
-    Without a judge for the served models the rule decides alone."""
+    """Let the judge fitted for the served models (:mod:`engine.gate.judge`) amend the rule:
+    skip an add as a duplicate, hold back a replacement. It never replaces where the rule did
+    not; without a judge for the served models the rule decides alone."""
     judge_duplicate: float = 0.80
-    """Duplicate probability at or above which the judge skips a fact the rule would add.
-    Belongs to the judge: a named policy takes the bar chosen when the judge was fitted."""
+    """Duplicate probability at or above which the judge skips a fact the rule would add
+    (a named policy takes the bar chosen when the judge was fitted)."""
     judge_veto: float = 0.0
-    """Update probability (that the fact is the target's replacement) below which the judge
-    turns a rule's replacement away. 0 turns the veto off. Belongs to the judge, like
-    ``judge_duplicate``: chosen when it was fitted."""
+    """Update probability below which the judge turns a rule's replacement away (0: no veto;
+    chosen when the judge was fitted)."""
     explicit_change: bool = True
     """Explicit old -> new values (:mod:`engine.gate.claims.change`): a fact that names the value
-    it replaces ("status changed from Improved to Excellent", "no longer A, now B", "was A
-    before and B afterwards") where the candidate holds that old value of the same subject is
-    an update (rule ``explicit_change``): it passes at any contradiction, is never skipped as a
-    duplicate and the judge's veto does not hold it back. On by the pre-registered rule of
-    docs/experiments/2026-12-05-outside-events.md (openpi strict recall 0.047 -> 0.967, WO 2
-    -> 2; dyknow unchanged; ours +12 right, WO +0)."""
+    it replaces ("changed from A to B", "no longer A, now B", "was A before and B afterwards")
+    where the candidate holds that old value of the same subject is an update (rule
+    ``explicit_change``): any contradiction passes, never a duplicate, never vetoed. Adopted in
+    docs/experiments/2026-12-05-outside-events.md."""
     time_order: bool = True
     """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
-    attribute (subjects shared, frames ``attribute_similarity`` alike) whose time the fact's
-    is later than ("As of 2011, A lives in Chicago" <- "As of 2022, A lives in Tokyo") is an
-    update (rule ``later_dated``): the bar is ``dated_contradiction`` and the judge's veto
-    does not hold it back. A target the fact is dated *before* is
-    never replaced: the fact is added to history (rule ``older_than_target``). On by the
-    pre-registered adoption rule (docs/experiments/2026-12-05-gate-v3.md): on the 1,100 outside
-    cases strict WO 121 -> 56 and net 142 -> 503; on our 5,831, WO 90 -> 91."""
+    attribute whose time the fact's is later than ("As of 2011, A lives in Chicago" <- "As of
+    2022, A lives in Tokyo") is an update (rule ``later_dated``, bar ``dated_contradiction``,
+    never vetoed by the judge); a target the fact is dated *before* is never replaced (rule
+    ``older_than_target``). Adopted in docs/experiments/2026-12-05-gate-v3.md."""
     duplicates: bool = True
-    """Skip a fact as a duplicate of its most similar candidate when they are nearly identical
-    (``duplicate_similarity``) and the model sees no conflict. Off: the rule never calls a
-    fact a duplicate (the seed's plain rule only replaces or adds)."""
+    """Skip a fact as a duplicate of its nearly identical closest candidate (off: the seed's
+    rule, which only replaces or adds)."""
     dominance: bool = True
     """Add a fact whose passing candidate is ``dominance_margin`` less similar than the best
-    non-conflicting one (the fact is about that memory). Off: no dominance test."""
+    non-conflicting one."""
     model_bars: bool = True
-    """A named policy takes the served NLI model's thresholds (:mod:`engine.gate.thresholds`)
-    and the judge's bars. Off (the seed policies): the policy's own figures are served as
-    written, whatever the models, so ``seed`` is the published rule on every model."""
+    """A named policy takes the served models' thresholds (:mod:`engine.gate.thresholds`) and
+    the judge's bars. Off (the seed policies): its own figures, on every model."""
     episodic_ttl_s: float | None = None
     """Default time to live of an episodic memory, in seconds (None: it never expires). A
-    fact's own ``expires_at`` / ``ttl_s`` wins. Expired memories are never recalled nor
-    matched again (engine.lifecycle); they stay in history with an ``expire`` event."""
+    fact's own ``expires_at`` / ``ttl_s`` wins; expired memories stay in history."""
     semantic_ttl_s: float | None = None
     """Default time to live of a semantic memory, in seconds (None: never expires)."""
     procedural_ttl_s: float | None = None
@@ -180,21 +142,10 @@ class Policy:
         return value
 
     def __post_init__(self) -> None:
-        unit = (
-            "attribute_similarity",
-            "floor",
-            "contradiction",
-            "dated_contradiction",
-            "duplicate_similarity",
-            "duplicate_max_contradiction",
-            "auto_floor",
-            "value_change_similarity",
-            "value_change_contradiction",
-            "restate_coverage",
-            "attribute_margin",
-            "judge_duplicate",
-            "judge_veto",
-        )
+        unit = """attribute_similarity floor contradiction dated_contradiction auto_floor
+        duplicate_similarity duplicate_max_contradiction value_change_similarity
+        value_change_contradiction restate_coverage attribute_margin judge_duplicate
+        judge_veto""".split()
         for name in unit:
             value = getattr(self, name)
             if not isinstance(value, int | float) or not 0.0 <= float(value) <= 1.0:
@@ -230,12 +181,12 @@ class Policy:
 
 STRICT = Policy()
 REVIEW = Policy(name="review", mode="review", floor=0.45, review_scope="all")
-"""The seed's review policy: floor 0.45, every conflict is queued, nothing replaced unattended."""
+"""Floor 0.45, every conflict is queued, nothing replaced unattended."""
 REVIEW_UNCERTAIN = Policy(
     name="review-uncertain", mode="review", floor=0.45, review_scope="uncertain"
 )
 """Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
-uncertain ones are queued. Over gRPC: ``PolicyName.REVIEW_UNCERTAIN``."""
+uncertain ones are queued."""
 SEED = Policy(
     name="seed",
     floor=0.60,
@@ -252,15 +203,11 @@ SEED = Policy(
     partial_values=0,
     model_bars=False,
 )
-"""The seed's plain rule, exactly (issue 31, item 5): candidates at or above the floor 0.60,
-and the single most similar one whose contradiction exceeds 0.95 is replaced; everything else
-is added. None of memgate's mechanisms: no overlap, claims, subject/frame evidence, judge,
-time order, duplicate, dominance or ambiguity test, and the bars are not the model table's.
-For users who want the article's behaviour, and the baseline every quality report puts beside
-strict. Over gRPC: ``PolicyName.SEED``."""
+"""The seed's plain rule, exactly: of the candidates at or above 0.60, the single most similar
+one whose contradiction exceeds 0.95 is replaced; everything else is added. None of memgate's
+mechanisms; the baseline every quality report puts beside strict."""
 SEED_REVIEW = replace(SEED, name="seed-review", mode="review", floor=0.45, review_scope="all")
-"""The seed's review variant: floor 0.45, every conflict the seed rule finds is queued, nothing
-replaced unattended. Over gRPC: ``PolicyName.SEED_REVIEW``."""
+"""The seed's review variant: floor 0.45, every conflict the seed rule finds is queued."""
 _POLICIES = {
     "strict": STRICT,
     "review": REVIEW,
@@ -294,12 +241,9 @@ class Evidence:
     key: str | None = None
     """The memory's fixed key (``Fact.key``), reported, never weighed."""
     mismatch: str = ""
-    """Non-empty when the candidate is shown to be about something else: ``other_question``
-    (:mod:`engine.gate.claims.qa`); ``other_subject``, the
-    fact says what the memory says, of another subject
-    (:func:`engine.gate.claims.says_of_another`); ``other_instance``, the two name two things
-    of one kind on their subject side, "Hive 2" and "Hive 4"
-    (:func:`engine.gate.claims.named_apart`)."""
+    """About something else: ``other_subject`` (the fact says what the memory says, of another
+    subject), ``other_instance`` (two things of one kind, "Hive 2" and "Hive 4") or
+    ``other_question`` (two "question? answer" memories, :mod:`engine.gate.claims.qa`)."""
     contained: bool = False
     """The memory already says everything the new fact says (same polarity)."""
     partial: bool = False
@@ -312,15 +256,11 @@ class Evidence:
     value_change: bool = False
     """The fact is the memory with values of the same kinds changed and nothing else."""
     new_values: bool = False
-    """The new fact states a canonical value (amount, date, time, weekday, id...) the memory
-    does not: whatever its wording, it is then neither a duplicate of the memory nor contained
-    in it."""
+    """The fact states a canonical value the memory does not: never a duplicate nor contained."""
     beside: bool = False
-    """The fact adds typed values beside the memory's and changes none of them
-    (:func:`engine.gate.claims.adds_beside`): another attribute, or more detail."""
+    """The fact adds typed values beside the memory's and changes none of them."""
     subject: str = ""
-    """How the subjects relate (:class:`engine.gate.names.Subject`: shared, disjoint, apart,
-    unknown; empty when not measured), from :mod:`engine.gate.identify`."""
+    """How the subjects relate (:class:`engine.gate.names.Subject`; empty when not measured)."""
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
     same_question: bool = False
@@ -331,9 +271,8 @@ class Evidence:
     """The fact names this candidate's value as the one it changes
     (:func:`engine.gate.claims.change.holds_old`)."""
     dated: str = ""
-    """``later`` / ``earlier``: the fact's time qualifier is after / before the memory's, and
-    the two differ in more than that time (:func:`engine.gate.claims.when.order`); empty when
-    not both are dated, or not measured."""
+    """``later`` / ``earlier``: the fact's time is after / before the memory's and the two
+    differ in more than that (:func:`engine.gate.claims.when.order`); empty otherwise."""
 
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``

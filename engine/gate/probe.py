@@ -1,10 +1,9 @@
 """The per-fact record that the gate's steps fill in, one field group per step.
 
 ``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` which hits the model must score; ``identify`` the
-subject relation and frame similarity of those hits; ``score`` the model's probabilities;
-``weigh`` turns each hit into the policy's :class:`~engine.gate.policy.Evidence`; ``decide``
-sets the decision.
+earlier facts of the batch); ``relate`` which hits are weighed and scored; ``evidence`` one typed
+:class:`~engine.gate.policy.Evidence` per hit (and which pairs need no score); ``score`` the
+model's probabilities; ``decide`` the decision.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.gate.policy import Evidence
 from engine.types import Decision, Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
@@ -39,13 +39,10 @@ class Hit:
     rank: int = 0
     """Position among the fact's candidates, most similar first."""
     forward: bool = False
-    """``relate``: the model scores (memory -> fact)."""
+    """``relate``: at or above the floor, so weighed; the model scores (memory -> fact) unless
+    ``settle`` takes the pair back (its score cannot change the decision)."""
     reverse: bool = False
     """``relate``: the model scores (fact -> memory) too (the duplicate test)."""
-    subject: str = ""
-    """``identify``: ``shared``, ``disjoint`` or ``unknown`` subjects; empty when not read."""
-    attribute: float | None = None
-    """``identify``: the embedder's similarity of the two frames (subject and values out)."""
     contradiction: float | None = None
     entailment: float | None = None
     reverse_entailment: float | None = None
@@ -61,4 +58,6 @@ class Probe:
     """A free-text, non-episodic fact without an explicit key: compared against memories."""
     vector: np.ndarray | None = None
     hits: list[Hit] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    """``evidence``: one record per hit, in the hits' order."""
     decision: Decision | None = None

@@ -1,26 +1,13 @@
 """Reads: recall, get and history, now or as of a point of the event log.
 
-What "active" means, now and at a point, is :mod:`engine.lifecycle`'s rule; this module puts
-the store's rows and the index's ranking through it.
-
-**Recall now** ranks the index's active memories (a cache of the stored ``active`` rows)
-and drops those past their ``expires_at`` (lazy expiry), asking the index for more while
-fewer than ``k`` survive. To report what it hid, it also scores, exactly, the newest
-``max_inactive_scan`` memories stored inactive that keep an embedding (superseded, undone,
-expired by the sweep; forgotten ones are erased and never match): ``hidden`` counts, by
-status, the inactive memories that would have been among the ``k`` best had every memory been
-eligible, and ``include_inactive`` returns those ``k`` best, each with its status.
-
-**Recall as of** a point (seq S, time T) uses the same index plus the log's delta. A memory
-that no event after S names has the status it has now (up to expiry, which is by T); only the
-memories the events after S name (at most ``max_as_of_events`` events: the cost bound) can
-differ, and their status at S is replayed from their own events
-(:func:`engine.lifecycle.status_at`). The ranking is over: the index's current active
-memories, dropping those that did not exist at S or were expired at T; every memory the delta
-names that keeps an embedding, scored exactly (these are the ones active at S but not now);
-and the inactive scan. Cost: one index search (repeated with a larger ``k`` while too many
-hits drop out), O(delta events + their memories' events) rows, and O((delta + scan) x dim)
-dot products. A forgotten memory stays erased: it has no text nor embedding to return.
+What "active" means is :mod:`engine.lifecycle`'s rule. **Recall now** ranks the index's active
+memories and drops those past their ``expires_at`` (asking for more while fewer than ``k``
+survive); it also scores exactly the newest ``max_inactive_scan`` inactive memories that keep an
+embedding, to count (``hidden``) or return (``include_inactive``) those that would have ranked
+among the ``k``. **Recall as of** a point (seq S, time T) uses the same index plus the log's
+delta: only the memories the events after S name can differ from now, and their status at S is
+replayed from their own events (:func:`engine.lifecycle.status_at`). Cost: one index search, the
+delta's events, and O((delta + scan) x dim) dot products. A forgotten memory stays erased.
 """
 
 from __future__ import annotations

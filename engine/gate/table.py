@@ -1,19 +1,11 @@
 """The gate's decision table: one row per :class:`~engine.gate.names.Rule`, in the order the gate
 tries them, each with an example that ``tests/model/test_table_examples.py`` runs through the
-real gate (MiniLM, the NLI model and the shipped judge). Pure data, no I/O.
-
-The order is the code's: a replayed idempotency key answers before anything is decided
-(:meth:`engine.gate.gate.Gate.triage`); then :func:`engine.gate.decide.decide` sends episodes,
-then keyed facts, past every model; a free-text fact goes through
-:func:`engine.gate.policy.apply_rule`, whose tests run top to bottom and stop at the first that
-applies, and last through the judge's amendment (:meth:`engine.gate.judge.Judge.amend`). The
-rows of the rules a target passes under (``explicit_change``, ``later_dated``,
-``contradiction``) come in the order :meth:`engine.gate.policy.Evidence.signal` names them.
-
-Each row stands alone (no row refers to another), so deleting a retired rule deletes one row;
-``tests/unit/test_decision_table.py`` checks that every rule has exactly one. The README's
-"How the gate decides" and docs/gate.md's rule table are rendered from :data:`ROWS`
-(``python -m engine.cli.tabledoc --write``).
+real gate. Pure data. A replayed idempotency key answers first (:meth:`Gate.triage`), then
+:func:`engine.gate.decide.decide` sends episodes and keyed facts past every model; a free-text
+fact goes through :func:`engine.gate.policy.apply_rule` (first test that applies wins) and the
+judge's amendment. Each row stands alone, so retiring a rule deletes one row. The README's "How
+the gate decides" and docs/gate.md are rendered from :data:`ROWS` (``python -m
+engine.cli.tabledoc --write``).
 """
 
 from __future__ import annotations

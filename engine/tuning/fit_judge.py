@@ -49,11 +49,11 @@ import numpy as np
 
 from engine.errors import InvalidInput
 from engine.gate.judge import Judge, amended, with_bars
-from engine.gate.judge.boost import BoostSettings, fit
 from engine.gate.judge.features import features
 from engine.gate.policy import REVIEW, Evidence, Policy, Verdict
 from engine.gate.policy import apply_rule as rule
 from engine.runtime.cpu import cpu
+from engine.tuning.boost import BoostSettings, fit
 from engine.tuning.calibrate import finite, sha256_of
 from engine.tuning.evaluate import Staged, decide_cases, is_labelled, load_cases, stage
 from engine.tuning.scoring import review_measures, score

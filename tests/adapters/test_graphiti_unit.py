@@ -157,8 +157,8 @@ def _doubting_judge(veto: float) -> Any:
     """A real fitted judge (trees over its named columns) that finds no candidate a duplicate
     nor an update: every probability is near 0, under any bar above it."""
     from engine.gate.judge import Judge
-    from engine.gate.judge.boost import BoostSettings, fit
     from engine.gate.judge.features import FEATURES
+    from engine.tuning.boost import BoostSettings, fit
 
     x = np.array([[s] + [0.0] * (len(FEATURES) - 1) for s in np.linspace(0.0, 1.0, 40)])
     small = BoostSettings(trees=5, max_leaves=2, min_leaf=3)

@@ -193,10 +193,10 @@ def _cache_with_a_judge(tmp_path: Path, cache_dir: Path, cases: Path) -> tuple[P
 
     from engine.app import EngineSettings, open_engine
     from engine.gate.judge import Judge
-    from engine.gate.judge.boost import BoostSettings, fit
     from engine.gate.judge.features import FEATURES
     from engine.gate.judge.store import judge_path, model_identity, save_judge
     from engine.runtime.loader import ModelChoice
+    from engine.tuning.boost import BoostSettings, fit
     from engine.tuning.calibrate import sha256_of
 
     cache = tmp_path / "cache"

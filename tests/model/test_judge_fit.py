@@ -97,10 +97,10 @@ def test_a_judge_for_other_graphs_is_not_served(tmp_path: Path, cache_dir: Path)
 
     from engine.app import EngineSettings, open_engine
     from engine.gate.judge import Judge
-    from engine.gate.judge.boost import BoostSettings, fit
     from engine.gate.judge.features import FEATURES
     from engine.gate.judge.store import judge_path, model_identity, save_judge
     from engine.runtime.loader import ModelChoice
+    from engine.tuning.boost import BoostSettings, fit
 
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -1,4 +1,5 @@
-"""Strict means safe: the attribute evidence (``identify``) and the rule that needs it.
+"""Strict means safe: the attribute evidence (:func:`engine.gate.evidence.measure`) and the
+rule that needs it.
 
 spaCy parses (claims), the fake embedder stands in for MiniLM; no NLI model."""
 
@@ -7,12 +8,11 @@ from __future__ import annotations
 import pytest
 
 from engine.gate.claims.frame import frame, shared_subject, subject_relation
-from engine.gate.identify import _named_by_subject, identify
+from engine.gate.evidence import _named_by_subject, measure, scored, settle, weigh
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, apply_rule
 from engine.gate.probe import Hit, Probe, Ref
 from engine.gate.relate import relate
 from engine.gate.thresholds import for_embedder
-from engine.gate.weigh import weigh
 from engine.runtime.fake import FakeEmbedder
 from engine.types import Fact
 
@@ -115,18 +115,18 @@ def _probe(text: str, *memories: str) -> Probe:
     return p
 
 
-def test_identify_batches_frames_in_one_embedder_call() -> None:
+def test_measure_batches_frames_in_one_embedder_call() -> None:
     emb = FakeEmbedder()
     probes = [
         _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea."),
         _probe("Maya is allergic to peanuts.", "Maya follows a vegan diet."),
     ]
-    n = identify(probes, emb, STRICT)
+    n = measure(probes, emb, STRICT)
     assert len(emb.calls) == 1 and n == len(emb.calls[0])
-    same, other = probes[0].hits
+    same, other = probes[0].evidence
     assert same.attribute == pytest.approx(1.0) and same.subject == "shared"
     assert other.attribute is not None and other.attribute < 0.5
-    assert probes[1].hits[0].attribute is not None and probes[1].hits[0].attribute < 0.5
+    assert probes[1].evidence[0].attribute is not None and probes[1].evidence[0].attribute < 0.5
 
 
 def test_only_values_left_is_one_attribute() -> None:
@@ -134,8 +134,8 @@ def test_only_values_left_is_one_attribute() -> None:
         "Stonebridge's compliance officer is Amos Reyes.",
         "Stonebridge's compliance officer is Maud Ellery.",
     )
-    identify([p], FakeEmbedder(), STRICT)
-    assert p.hits[0].attribute == 1.0
+    measure([p], FakeEmbedder(), STRICT)
+    assert p.evidence[0].attribute == 1.0
 
 
 def test_a_bare_text_whose_subject_the_other_names_speaks_of_one_attribute() -> None:
@@ -152,11 +152,12 @@ def test_hits_not_sent_to_the_model_and_unchecked_facts_are_not_read() -> None:
     q = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.")
     q.checked = False
     emb = FakeEmbedder()
-    assert identify([p, q], emb, STRICT) == 0 and emb.calls == []
-    assert p.hits[0].attribute is None and q.hits[0].subject == ""
+    assert measure([p, q], emb, STRICT) == 0 and emb.calls == []
+    assert p.evidence[0].attribute is None and q.evidence[0].subject == ""
+    assert p.evidence[0].similarity == 0.9  # every hit has a record, read or not
 
 
-def test_relate_then_identify_reads_only_the_hits_the_rule_can_weigh() -> None:
+def test_relate_then_measure_reads_only_the_hits_the_rule_can_weigh() -> None:
     # between the key-match floor and the floor, only a matching key makes a hit weighable
     p = _probe(
         "Keiko lives in Osaka.",
@@ -168,10 +169,10 @@ def test_relate_then_identify_reads_only_the_hits_the_rule_can_weigh() -> None:
     relate([p], STRICT, has_entailment=False)
     assert p.hits[0].forward and not p.hits[1].forward
     emb = FakeEmbedder()
-    identify([p], emb, STRICT)
+    measure([p], emb, STRICT)
     assert len(emb.calls) == 1  # the fact's frame and the one hit's, in one call
-    assert p.hits[0].attribute is not None and p.hits[1].attribute is None
-    assert p.hits[1].subject == ""
+    assert p.evidence[0].attribute is not None and p.evidence[1].attribute is None
+    assert p.evidence[1].subject == ""
 
 
 def test_the_batch_parse_takes_the_fact_and_the_hits_sent_to_the_model(
@@ -183,7 +184,7 @@ def test_the_batch_parse_takes_the_fact_and_the_hits_sent_to_the_model(
     monkeypatch.setattr(nlp.parse, "many", lambda texts: seen.extend(texts) or 0)
     p = _probe("Keiko lives in Osaka.", "Keiko has lived in Kobe since 2019.", "Keiko likes tea.")
     p.hits[1].forward = False
-    identify([p], FakeEmbedder(), STRICT)
+    measure([p], FakeEmbedder(), STRICT)
     assert seen == [p.fact.text, "Keiko has lived in Kobe since 2019."]
 
 
@@ -248,15 +249,14 @@ def test_a_near_rival_makes_the_target_ambiguous() -> None:
 
 
 def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
-    """weigh reads the texts: the fact says what the memory says, of another subject, so the
+    """``weigh`` reads the texts: the fact says what the memory says, of another subject, so the
     memory is a sibling (mismatch ``other_subject``). Neither strict replaces it nor review
     queues it, however sure the model is; the same texts with a changed value still conflict."""
     p = _probe(
         "Mr Varga's tutor on Tuesdays: Idris Kalu.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
     )
     p.hits[0].contradiction = 0.99
-    p.hits[0].attribute, p.hits[0].subject = 1.0, "unknown"
-    ev = weigh(p, p.hits[0], STRICT, "m0")
+    ev = weigh(p.fact.text, p.hits[0], STRICT, "unknown", 1.0)
     assert ev.mismatch == "other_subject"
     for policy in (STRICT, REVIEW):
         v = apply_rule([ev], policy)
@@ -265,26 +265,76 @@ def test_a_sibling_the_fact_says_the_same_of_is_never_its_target() -> None:
         "Ms Varga's tutor on Tuesdays: Nadia Osei.", "Ms Varga's tutor on Tuesdays: Idris Kalu."
     )
     q.hits[0].contradiction = 0.99
-    q.hits[0].attribute, q.hits[0].subject = 1.0, "unknown"
-    ev = weigh(q, q.hits[0], STRICT, "m0")
+    ev = weigh(q.fact.text, q.hits[0], STRICT, "unknown", 1.0)
     assert ev.mismatch == "" and apply_rule([ev], STRICT).action == "replace"
+
+
+def _stored(text: str, *memories: str, index: int = 0) -> Probe:
+    """A probe whose hits are stored memories (rowid set), most similar first, all weighed."""
+    p = Probe(index=index, fact=Fact(namespace="ns", text=text), checked=True)
+    p.hits = [
+        Hit(Ref(f"m{i}", m, None, rowid=i), similarity=0.95 - 0.01 * i, rank=i, forward=True)
+        for i, m in enumerate(memories)
+    ]
+    return p
+
+
+def test_settle_scores_only_the_closest_when_a_stored_memory_contains_the_fact() -> None:
+    p = _stored(
+        "The team standup is at 9am.",
+        "The team standup is at 10am.",
+        "The team standup is at 9am every weekday in room 4.",
+        "The team retro is at 4pm.",
+    )
+    measure([p], FakeEmbedder(), STRICT)
+    assert p.evidence[1].contained
+    assert settle([p], STRICT, judged=3) == 2
+    assert [h.forward for h in p.hits] == [True, False, False]  # the duplicate test's pair stays
+    p.hits[0].contradiction = 0.99
+    scored([p])
+    v = apply_rule(p.evidence, STRICT)
+    assert (v.action, v.rule, v.target_id) == ("skip", "contained", "m1")
+    assert v.candidates[2].contradiction is None and v.candidates[2].reason == "not_reached"
+
+
+def test_settle_scores_everything_an_earlier_fact_of_the_batch_may_change() -> None:
+    # the earlier fact may replace the containing memory: the later one must have every score
+    first = _stored("The standup is at 9am every weekday in room 5.", "Standup at 9am in room 4.")
+    later = _stored(
+        "The team standup is at 9am.",
+        "The team standup is at 10am.",
+        "The team standup is at 9am every weekday in room 4.",
+        index=1,
+    )
+    later.hits[1].ref = Ref("m0", later.hits[1].ref.text, None, rowid=0)  # first's candidate
+    measure([first, later], FakeEmbedder(), STRICT)
+    assert later.evidence[1].contained
+    assert settle([first, later], STRICT, judged=3) == 0
+    assert all(h.forward for h in later.hits)
+
+
+def test_settle_leaves_a_mismatched_candidate_unscored_only_beyond_the_judged() -> None:
+    p = _stored(
+        "Ms Varga's tutor on Tuesdays: Nadia Osei.",
+        "Ms Varga's tutor on Tuesdays: Idris Kalu.",
+        "Ms Varga's piano teacher is Ana Ruiz.",
+        "Mr Varga's tutor on Tuesdays: Nadia Osei.",
+    )
+    measure([p], FakeEmbedder(), STRICT)
+    assert [e.mismatch for e in p.evidence] == ["", "", "other_subject"]
+    assert settle([p], STRICT, judged=3) == 0  # the judge reads the three closest
+    assert settle([p], STRICT, judged=2) == 1 and not p.hits[2].forward
 
 
 def test_a_question_and_its_answer_are_one_claim_keyed_by_the_question() -> None:
     """The answer is the value: its year is not a subject value (not ``apart``), the pair is
     not a partial contradiction, and another question is another thing."""
-    from engine.gate.policy import STRICT
-    from engine.gate.probe import Hit, Probe, Ref
-    from engine.gate.weigh import weigh
-    from engine.types import Fact
-
     old = "When did the Lions last win a division title as of 1993? 1993."
     new = "When did the Lions last win a division title as of 1999? 1999."
     assert subject_relation(new, old) != "apart"
 
     def evidence(memory: str, fact: str):  # type: ignore[no-untyped-def]
-        hit = Hit(Ref("m", memory, None), 0.9, forward=True)
-        return weigh(Probe(0, Fact(namespace="n", text=fact), True), hit, STRICT, "m")
+        return weigh(fact, Hit(Ref("m", memory, None), 0.9, forward=True), STRICT, "unknown", 1.0)
 
     same = evidence(old, new)
     assert (same.same_question, same.partial, same.mismatch) == (True, False, "")

@@ -14,11 +14,12 @@ import pytest
 
 from engine.errors import ModelError
 from engine.gate.judge import FORMAT, Judge, amended
-from engine.gate.judge.boost import Boost, BoostSettings, fit
+from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES, JUDGED, features, judged
 from engine.gate.judge.store import OlderJudge, find_judge, judge_path, load_judge, save_judge
 from engine.gate.policy import REVIEW, REVIEW_UNCERTAIN, STRICT, Evidence, apply_rule
 from engine.runtime.manifest import manifest_digest
+from engine.tuning.boost import BoostSettings, fit
 
 SMALL = BoostSettings(trees=30, max_leaves=4, min_leaf=5)
 

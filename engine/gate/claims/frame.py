@@ -5,7 +5,7 @@ is left once the subject, the values (numbers, dates, amounts, proper names outs
 and the function words are taken out is "live" and "live": the attribute. "Maya is allergic to
 peanuts" leaves "allergic peanut" and "Maya follows a vegan diet" leaves "follow vegan diet":
 another attribute of the same person. The embedder judges how close two frames are
-(:mod:`engine.gate.identify`); here only spaCy's parse is read, no word list.
+(:mod:`engine.gate.evidence`); here only spaCy's parse is read, no word list.
 """
 
 from __future__ import annotations

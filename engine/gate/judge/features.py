@@ -1,17 +1,10 @@
 """What the judge reads about one candidate: the rule's evidence and the two texts' claims.
 
-One row per judged candidate, the same at fit time and in the gate. Every feature is a general
-signal the gate already measures (similarity and its rank, the NLI model's contradiction, the
-attribute and subject evidence, the value and claim comparisons), or a plain comparison of the
-two parsed claims (how much of each one's wording and values the other holds, polarity, length,
-whether they differ on the subject side or in what is said of it, whose and which thing the
-subject is) and of their word sequences (how many stretches differ and where the first begins).
-No word list; nothing from the labels.
-
-Judged candidates are the most similar ``JUDGED`` at or above the policy's floor: a duplicate is
-nearly always one of the closest memories (the closest for 95% of the duplicates of the ten read
-sets, the second for 5%), and these are the candidates the gate has already scored with the
-model and parsed.
+One row per judged candidate, the same at fit time and in the gate: general signals the gate
+already measures (similarity and rank, contradiction, subject and attribute evidence, value and
+claim comparisons) and plain comparisons of the two parsed claims and word sequences. No word
+list; nothing from the labels. Judged are the ``JUDGED`` most similar at or above the floor: a
+duplicate is nearly always one of the closest memories.
 """
 
 from __future__ import annotations
