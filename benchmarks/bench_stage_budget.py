@@ -110,7 +110,7 @@ def run_arm(
 ) -> dict[str, Any]:
     stage = ModelStage(settings)
     staged = Staged(nli, stage)
-    before = (nli.totals.real_tokens, nli.totals.padded_tokens)
+    before = (nli.totals.real_tokens, nli.totals.padded_tokens, nli.totals.batches)
     done = threading.Event()
     lock = threading.Lock()
     short_lat: list[float] = []
@@ -161,6 +161,7 @@ def run_arm(
         "pairs_per_s": pairs[0] / wall,
         "tokens_per_s": real / wall,
         "padded_over_real": padded / real if real else None,
+        "passes": nli.totals.batches - before[2],
         "model_calls": stage.forwards,
         "merged": stage.merged,
         "short_calls": len(lat),
@@ -204,6 +205,61 @@ def _cpu_model() -> str:
     return "unknown"
 
 
+def fixed_calls(
+    nli: NLIScorer, arms: dict[str, bool], rng: random.Random, reps: int
+) -> dict[str, Any]:
+    """One thread, no stage: fixed merged-like calls, each arm's best of ``reps`` interleaved
+    (other processes only ever slow a rep down, so the best is the steadiest figure)."""
+    sub = nli.max_batch
+    shapes = {
+        f"4 short + {sub - 4} long": (4, sub - 4),
+        f"{sub // 2} short + {sub + sub // 2} long": (sub // 2, sub + sub // 2),
+        f"{2 * sub} short": (2 * sub, 0),
+        f"{sub} long": (0, sub),
+    }
+    out: dict[str, Any] = {}
+    rows = []
+    for name, (n_short, n_long) in shapes.items():
+        pairs = [short_pair(rng) for _ in range(n_short)] + [long_pair(rng) for _ in range(n_long)]
+        rng.shuffle(pairs)
+        best: dict[str, float] = {}
+        cut: dict[str, Any] = {}
+        for rep in range(reps):
+            for arm in arms if rep % 2 == 0 else list(arms)[::-1]:
+                nli.batching = dataclasses.replace(nli.batching, length_split=arms[arm])
+                prepared = nli.preprocess(pairs)
+                cut[arm] = {
+                    "passes": [len(b.index) for b in prepared.buckets],
+                    "padded_over_real": prepared.stats.padded_tokens / prepared.stats.real_tokens,
+                }
+                best[arm] = min(best.get(arm, float("inf")), _timed(nli, pairs))
+        out[name] = {
+            "best_s": best,
+            "cut": cut,
+            "greedy_over_split": best["greedy"] / best["split"],
+        }
+        rows += [
+            [
+                name,
+                arm,
+                " ".join(map(str, cut[arm]["passes"])),
+                f"{cut[arm]['padded_over_real']:.3f}",
+                f"{1000 * best[arm]:.0f}",
+                f"{len(pairs) / best[arm]:.1f}",
+            ]
+            for arm in arms
+        ]
+        print(f"  {name}: greedy / split time {out[name]['greedy_over_split']:.2f}x", flush=True)
+    print(
+        table(
+            ["call", "arm", "passes", "padded/real", "ms", "pairs/s"],
+            rows,
+            f"fixed calls, one thread, best of {reps} interleaved reps",
+        )
+    )
+    return out
+
+
 def _fmt(key: str, value: float | None) -> Any:
     if value is None:
         return "-"
@@ -229,6 +285,7 @@ def run_passes(
         "long": (long_calls, 0),
     }
     arms = {"greedy": False, "split": True}
+    calls = fixed_calls(nli, arms, rng, 3 if args.smoke else 2 * rounds + 1)
     settings = StageSettings()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {w: {a: [] for a in arms} for w in workloads}
     for r, order in interleaved(list(arms), rounds):
@@ -242,11 +299,18 @@ def run_passes(
                 p99 = res["short_p99_s"]
                 print(
                     f"  round {r} {work:>5} {arm:>6}: {res['pairs_per_s']:.1f} pairs/s, "
-                    f"padded/real {res['padded_over_real']:.3f}, short p99 "
+                    f"padded/real {res['padded_over_real']:.3f}, {res['passes']} passes, short p99 "
                     f"{'-' if p99 is None else f'{p99:.3f}s'}, load {res['load_average']}",
                     flush=True,
                 )
-    keys = ("padded_over_real", "pairs_per_s", "tokens_per_s", "short_p50_s", "short_p99_s")
+    keys = (
+        "padded_over_real",
+        "passes",
+        "pairs_per_s",
+        "tokens_per_s",
+        "short_p50_s",
+        "short_p99_s",
+    )
 
     def med(rs: list[dict[str, Any]], k: str) -> float | None:
         xs = [x[k] for x in rs if x[k] is not None]
@@ -257,7 +321,16 @@ def run_passes(
     }
     print(
         table(
-            ["workload", "arm", "padded/real", "pairs/s", "tokens/s", "short p50 s", "short p99 s"],
+            [
+                "workload",
+                "arm",
+                "padded/real",
+                "passes",
+                "pairs/s",
+                "tokens/s",
+                "short p50 s",
+                "short p99 s",
+            ],
             [[w, a, *(_fmt(k, medians[w][a][k]) for k in keys)] for w in workloads for a in arms],
             f"forward passes, medians of {rounds} interleaved rounds (sub-batch {nli.max_batch})",
         )
@@ -288,6 +361,7 @@ def run_passes(
         "load_average_at_end": load_end,
         "sub_batch": nli.max_batch,
         "batching": {k: v for k, v in vars(nli.batching).items() if k != "length_split"},
+        "calls": calls,
         "runs": runs,
         "medians": medians,
         "summary": summary,
