@@ -17,9 +17,19 @@ calls (the ones that wait behind the long ones). A calibration first times 32 sh
 long pairs alone, to show that a pair's cost follows its tokens, not its count, and records
 the padded / real token ratio of the merged calls (the runtime sorts and buckets by length).
 
+``--passes`` measures instead how the runtime cuts a merged call into forward passes
+(``BatchSettings.length_split``): ``greedy`` fills each pass to the sub-batch in length order
+(before), ``split`` cuts where the pass cost model says two passes cost less than padding
+(:func:`engine.runtime.base.plan_passes`). Both run the shipped stage budget on three
+workloads, arms interleaved per round: ``mixed`` (the lanes above: long calls beside short
+calls, merged), ``short`` (every lane sends short pairs: lengths within a few tokens) and
+``long`` (long calls only). Figures: padded / real tokens, pairs/s, pair tokens/s, and the
+short calls' p50 / p99 where there are short calls.
+
 Prints a table; writes JSON and a PNG to ``--out`` (default benchmarks/results/).
 
     MEMGATE_HOME=/root/.cache/memgate python benchmarks/bench_stage_budget.py --quick
+    MEMGATE_HOME=/root/.cache/memgate python benchmarks/bench_stage_budget.py --quick --passes
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -99,7 +110,7 @@ def run_arm(
 ) -> dict[str, Any]:
     stage = ModelStage(settings)
     staged = Staged(nli, stage)
-    before = (nli.totals.real_tokens, nli.totals.padded_tokens)
+    before = (nli.totals.real_tokens, nli.totals.padded_tokens, nli.totals.batches)
     done = threading.Event()
     lock = threading.Lock()
     short_lat: list[float] = []
@@ -150,6 +161,7 @@ def run_arm(
         "pairs_per_s": pairs[0] / wall,
         "tokens_per_s": real / wall,
         "padded_over_real": padded / real if real else None,
+        "passes": nli.totals.batches - before[2],
         "model_calls": stage.forwards,
         "merged": stage.merged,
         "short_calls": len(lat),
@@ -193,6 +205,198 @@ def _cpu_model() -> str:
     return "unknown"
 
 
+def fixed_calls(
+    nli: NLIScorer, arms: dict[str, bool], rng: random.Random, reps: int
+) -> dict[str, Any]:
+    """One thread, no stage: fixed merged-like calls, each arm's best of ``reps`` interleaved
+    (other processes only ever slow a rep down, so the best is the steadiest figure)."""
+    sub = nli.max_batch
+    shapes = {
+        f"4 short + {sub - 4} long": (4, sub - 4),
+        f"{sub // 2} short + {sub + sub // 2} long": (sub // 2, sub + sub // 2),
+        f"{2 * sub} short": (2 * sub, 0),
+        f"{sub} long": (0, sub),
+    }
+    out: dict[str, Any] = {}
+    rows = []
+    for name, (n_short, n_long) in shapes.items():
+        pairs = [short_pair(rng) for _ in range(n_short)] + [long_pair(rng) for _ in range(n_long)]
+        rng.shuffle(pairs)
+        best: dict[str, float] = {}
+        cut: dict[str, Any] = {}
+        for rep in range(reps):
+            for arm in arms if rep % 2 == 0 else list(arms)[::-1]:
+                nli.batching = dataclasses.replace(nli.batching, length_split=arms[arm])
+                prepared = nli.preprocess(pairs)
+                cut[arm] = {
+                    "passes": [len(b.index) for b in prepared.buckets],
+                    "padded_over_real": prepared.stats.padded_tokens / prepared.stats.real_tokens,
+                }
+                best[arm] = min(best.get(arm, float("inf")), _timed(nli, pairs))
+        out[name] = {
+            "best_s": best,
+            "cut": cut,
+            "greedy_over_split": best["greedy"] / best["split"],
+        }
+        rows += [
+            [
+                name,
+                arm,
+                " ".join(map(str, cut[arm]["passes"])),
+                f"{cut[arm]['padded_over_real']:.3f}",
+                f"{1000 * best[arm]:.0f}",
+                f"{len(pairs) / best[arm]:.1f}",
+            ]
+            for arm in arms
+        ]
+        print(f"  {name}: greedy / split time {out[name]['greedy_over_split']:.2f}x", flush=True)
+    print(
+        table(
+            ["call", "arm", "passes", "padded/real", "ms", "pairs/s"],
+            rows,
+            f"fixed calls, one thread, best of {reps} interleaved reps",
+        )
+    )
+    return out
+
+
+def _fmt(key: str, value: float | None) -> Any:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if key.endswith(("_s", "over_real")) else value
+
+
+def run_passes(
+    nli: NLIScorer,
+    args: argparse.Namespace,
+    rounds: int,
+    long_calls: list[list[tuple[str, str]]],
+    short_pool: list[list[tuple[str, str]]],
+    header: dict[str, Any],
+    cpu: str,
+    load_start: list[float],
+) -> int:
+    """Greedy against split forward passes on three workloads, same run, interleaved."""
+    rng = random.Random(args.seed + 1)
+    short_long = [[short_pair(rng) for _ in range(len(c))] for c in long_calls]
+    workloads: dict[str, tuple[list[list[tuple[str, str]]], int]] = {
+        "mixed": (long_calls, args.short_lanes),
+        "short": (short_long, args.short_lanes),
+        "long": (long_calls, 0),
+    }
+    arms = {"greedy": False, "split": True}
+    calls = fixed_calls(nli, arms, rng, 3 if args.smoke else 2 * rounds + 1)
+    settings = StageSettings()
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {w: {a: [] for a in arms} for w in workloads}
+    for r, order in interleaved(list(arms), rounds):
+        for work, (calls, short_lanes) in workloads.items():
+            for arm in order:
+                nli.batching = dataclasses.replace(nli.batching, length_split=arms[arm])
+                res = run_arm(nli, settings, calls, short_pool, short_lanes, args.long_lanes)
+                res["round"] = r
+                res["load_average"] = round(os.getloadavg()[0], 2)
+                runs[work][arm].append(res)
+                p99 = res["short_p99_s"]
+                print(
+                    f"  round {r} {work:>5} {arm:>6}: {res['pairs_per_s']:.1f} pairs/s, "
+                    f"padded/real {res['padded_over_real']:.3f}, {res['passes']} passes, short p99 "
+                    f"{'-' if p99 is None else f'{p99:.3f}s'}, load {res['load_average']}",
+                    flush=True,
+                )
+    keys = (
+        "padded_over_real",
+        "passes",
+        "pairs_per_s",
+        "tokens_per_s",
+        "short_p50_s",
+        "short_p99_s",
+    )
+
+    def med(rs: list[dict[str, Any]], k: str) -> float | None:
+        xs = [x[k] for x in rs if x[k] is not None]
+        return statistics.median(xs) if xs else None
+
+    medians = {
+        w: {a: {k: med(rs, k) for k in keys} for a, rs in ar.items()} for w, ar in runs.items()
+    }
+    print(
+        table(
+            [
+                "workload",
+                "arm",
+                "padded/real",
+                "passes",
+                "pairs/s",
+                "tokens/s",
+                "short p50 s",
+                "short p99 s",
+            ],
+            [[w, a, *(_fmt(k, medians[w][a][k]) for k in keys)] for w in workloads for a in arms],
+            f"forward passes, medians of {rounds} interleaved rounds (sub-batch {nli.max_batch})",
+        )
+    )
+    summary: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        paired = list(zip(runs[w]["greedy"], runs[w]["split"], strict=True))
+        speed = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in paired]
+        summary[w] = {
+            "tokens_per_s_split_over_greedy": statistics.median(speed),
+            "per_round": speed,
+        }
+        print(
+            f"  {w}: pair tokens/s split / greedy {statistics.median(speed):.2f}x "
+            f"(rounds {', '.join(f'{x:.2f}' for x in speed)})"
+        )
+    load_end = [round(x, 2) for x in os.getloadavg()]
+    print(f"  load average at start {load_start}, at end {load_end}")
+    note = shared_machine_note()
+    if note:
+        print(note)
+    stamp = utc_stamp()
+    payload = {
+        **header,
+        "mode": "passes",
+        "cpu_model": cpu,
+        "load_average_at_start": load_start,
+        "load_average_at_end": load_end,
+        "sub_batch": nli.max_batch,
+        "batching": {k: v for k, v in vars(nli.batching).items() if k != "length_split"},
+        "calls": calls,
+        "runs": runs,
+        "medians": medians,
+        "summary": summary,
+    }
+    path = write_json(args.out, f"{NAME}-passes", payload, stamp)
+    print(f"  wrote {path}")
+    plt = pyplot()
+    if plt is not None:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+        for ax, key, label in (
+            (axes[0], "padded_over_real", "padded / real tokens (lower is better)"),
+            (axes[1], "tokens_per_s", "pair tokens/s (higher is better)"),
+        ):
+            for i, w in enumerate(workloads):
+                for j, a in enumerate(arms):
+                    x = i * 3 + j
+                    ys = [r[key] for r in runs[w][a]]
+                    ax.scatter([x] * len(ys), ys, color="grey", s=12, zorder=3)
+                    ax.bar(x, medians[w][a][key], color=("#999999", "#3a7bd5")[j], width=0.8)
+            ax.set_xticks(
+                [i * 3 + j for i in range(len(workloads)) for j in range(2)],
+                [f"{w}\n{a}" for w in workloads for a in arms],
+                fontsize=7,
+            )
+            ax.set_title(label, fontsize=9)
+        fig.suptitle(
+            f"NLI forward passes: greedy vs split, {cpu}, load {load_start[0]}", fontsize=9
+        )
+        fig.tight_layout()
+        png = Path(args.out) / f"{NAME}-passes-{stamp}.png"
+        fig.savefig(png, dpi=110)
+        print(f"  wrote {png}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_args(parser)
@@ -204,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-calls", type=int, default=None, help="long calls per run")
     parser.add_argument("--short-lanes", type=int, default=2)
     parser.add_argument("--short-pairs", type=int, default=4, help="pairs of a short call")
+    parser.add_argument(
+        "--passes", action="store_true", help="greedy against split forward passes instead"
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.smoke else 3 if args.quick else 5)
     long_calls_n = args.long_calls or (1 if args.smoke else 2 if args.quick else 4)
@@ -224,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     short_pool = [[short_pair(rng) for _ in range(args.short_pairs)] for _ in range(64)]
     print(f"{NAME}: {manifest.describe()}, sub-batch {nli.max_batch}; CPU {cpu}")
     print(f"  load average at start {load_start}", flush=True)
+    if args.passes:
+        return run_passes(nli, args, rounds, long_calls, short_pool, header, cpu, load_start)
 
     cal = calibrate(
         nli,

@@ -260,3 +260,21 @@ def test_a_written_fact_is_tokenised_once(
     assert [first.decisions[0].action, second.decisions[0].action] == ["add", "replace"]
     assert spy.seen["Alice lives in Denver."] == 1
     assert spy.seen["Alice lives in Chicago."] == 1
+
+
+def test_a_call_is_split_at_a_length_jump_and_scores_as_the_greedy_cut(cache_dir: Path) -> None:
+    manifest = resolve_nli(cache_dir, ModelChoice(nli="aegis-nli"), "cpu")
+    short = [(t, "The customer is in Denver.") for t in TEXTS[:4]]
+    paragraph = " ".join(TEXTS[2] for _ in range(12))
+    long = [(f"{paragraph} Note {i}.", "Maya lives in Austin.") for i in range(12)]
+    pairs = [*long[:6], *short, *long[6:]]  # arrival order mixes them
+    split = NLIScorer(manifest, batching=BatchSettings(max_batch=16))
+    greedy = NLIScorer(manifest, batching=BatchSettings(max_batch=16, length_split=False))
+    p_split, p_greedy = split.preprocess(pairs), greedy.preprocess(pairs)
+    assert [len(b.index) for b in p_greedy.buckets] == [16]
+    assert sorted(len(b.index) for b in p_split.buckets) == [4, 12]
+    assert p_split.stats.real_tokens == p_greedy.stats.real_tokens
+    assert p_split.stats.padded_tokens < p_greedy.stats.padded_tokens
+    alone = np.array([split.contradiction([p])[0] for p in pairs])
+    np.testing.assert_allclose(split.contradiction(pairs), alone, atol=1e-4)
+    np.testing.assert_allclose(greedy.contradiction(pairs), alone, atol=1e-4)
