@@ -38,26 +38,9 @@ _NEG = re.compile(
     re.IGNORECASE,
 )
 _NUMBER_WORDS = {
-    "zero": "0",
-    "one": "1",
-    "two": "2",
-    "three": "3",
-    "four": "4",
-    "five": "5",
-    "six": "6",
-    "seven": "7",
-    "eight": "8",
-    "nine": "9",
-    "ten": "10",
-    "eleven": "11",
-    "twelve": "12",
-    "fifteen": "15",
-    "twenty": "20",
-    "thirty": "30",
-    "forty": "40",
-    "fifty": "50",
-    "hundred": "100",
-}
+    w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())
+} | {"ten": "10", "eleven": "11", "twelve": "12", "fifteen": "15", "twenty": "20"}
+_NUMBER_WORDS |= {"thirty": "30", "forty": "40", "fifty": "50", "hundred": "100"}
 _SUFFIXES = ("ing", "ed", "es", "s", "ly", "er")
 
 

@@ -23,15 +23,11 @@ import re
 from functools import lru_cache
 
 from engine.gate.claims.vocab import BASE_UNITS, CURRENCIES, MAGNITUDES, NUMBER_WORDS, UNITS
+from engine.gate.claims.vocab import MONTH as _MONTH
+from engine.gate.claims.vocab import MONTHS as _MONTHS
 
 __all__ = ["FORMAT_WORDS", "values"]
 
-_MONTHS: dict[str, int] = {}
-for _n in range(1, 13):
-    _MONTHS[calendar.month_name[_n].lower()] = _n
-    _MONTHS[calendar.month_abbr[_n].lower()] = _n
-_MONTHS["sept"] = 9
-_MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 
 _ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
 _NUMERIC_DATE = re.compile(r"\b(\d{1,2})[/.](\d{1,2})[/.](\d{4}|\d{2})\b")

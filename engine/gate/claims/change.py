@@ -20,27 +20,17 @@ from dataclasses import dataclass
 __all__ = ["CHANGE_VERBS", "STOP_WORDS", "Change", "content_words", "holds_old", "parse"]
 
 CHANGE_VERBS: tuple[str, ...] = (
-    "change", "changed", "changes", "changing",
-    "switch", "switched", "switches", "switching",
-    "move", "moved", "moves", "moving",
-    "go", "goes", "going", "gone", "went",
-    "shift", "shifted", "shifts", "shifting",
-    "turn", "turned", "turns", "turning",
-    "upgrade", "upgraded", "upgrades", "upgrading",
-    "downgrade", "downgraded", "downgrades", "downgrading",
-    "increase", "increased", "increases", "increasing",
-    "decrease", "decreased", "decreases", "decreasing",
-    "rise", "rose", "risen", "rises", "rising",
-    "fall", "fell", "fallen", "falls", "falling",
-    "drop", "dropped", "drops", "dropping",
-    "grow", "grew", "grown", "grows", "growing",
-    "reduce", "reduced", "reduces", "reducing",
-    "raise", "raised", "raises", "raising",
-    "lower", "lowered", "lowers", "lowering",
-    "update", "updated", "updates", "updating",
-    "relocate", "relocated", "relocates", "relocating",
-    "transfer", "transferred", "transfers", "transferring",
-    "convert", "converted", "converts", "converting",
+    "change", "changed", "changes", "changing", "switch", "switched", "switches", "switching",
+    "move", "moved", "moves", "moving", "go", "goes", "going", "gone", "went", "shift", "shifted",
+    "shifts", "shifting", "turn", "turned", "turns", "turning", "upgrade", "upgraded", "upgrades",
+    "upgrading", "downgrade", "downgraded", "downgrades", "downgrading", "increase", "increased",
+    "increases", "increasing", "decrease", "decreased", "decreases", "decreasing", "rise", "rose",
+    "risen", "rises", "rising", "fall", "fell", "fallen", "falls", "falling", "drop", "dropped",
+    "drops", "dropping", "grow", "grew", "grown", "grows", "growing", "reduce", "reduced",
+    "reduces", "reducing", "raise", "raised", "raises", "raising", "lower", "lowered", "lowers",
+    "lowering", "update", "updated", "updates", "updating", "relocate", "relocated", "relocates",
+    "relocating", "transfer", "transferred", "transfers", "transferring", "convert", "converted",
+    "converts", "converting",
 )  # fmt: skip
 """Verbs that, right before "from A to B", make it a change of value (not a route)."""
 

@@ -13,51 +13,27 @@ Pure: regular expressions over the vocabulary, no model and no I/O.
 
 from __future__ import annotations
 
-import calendar
 import re
 from dataclasses import dataclass
+
+from engine.gate.claims.vocab import MONTH as _MONTH
+from engine.gate.claims.vocab import MONTHS as _MONTHS
 
 __all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "stamp", "unqualified"]
 
 MARKERS: tuple[str, ...] = (
-    "as of",
-    "as at",
-    "since",
-    "until",
-    "till",
-    "through",
-    "starting",
-    "starting in",
-    "starting from",
-    "beginning",
-    "beginning in",
-    "effective",
-    "effective from",
-    "in",
-    "during",
+    "as of", "as at", "since", "until", "till", "through", "starting", "starting in",
+    "starting from", "beginning", "beginning in", "effective", "effective from", "in", "during",
     "from",
-)
+)  # fmt: skip
 """Words that introduce the time a statement holds from, until or during."""
 
 NOW_WORDS: tuple[str, ...] = (
-    "now",
-    "currently",
-    "presently",
-    "at present",
-    "nowadays",
-    "these days",
-    "as of now",
-    "as of today",
-    "at the moment",
-)
+    "now", "currently", "presently", "at present", "nowadays", "these days", "as of now",
+    "as of today", "at the moment",
+)  # fmt: skip
 """Words that put a statement in the present."""
 
-_MONTHS: dict[str, int] = {}
-for _n in range(1, 13):
-    _MONTHS[calendar.month_name[_n].lower()] = _n
-    _MONTHS[calendar.month_abbr[_n].lower()] = _n
-_MONTHS["sept"] = 9
-_MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 _MARKER = "|".join(
     re.escape(m).replace(r"\ ", r"\s+") for m in sorted(MARKERS, key=len, reverse=True)
 )
