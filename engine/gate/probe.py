@@ -1,9 +1,5 @@
-"""The per-fact record that the gate's steps fill in, one field group per step.
-
-``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` which hits are weighed and scored; ``evidence`` one typed
-:class:`~engine.gate.policy.Evidence` per hit (and which pairs need no score); ``score`` the
-model's probabilities; ``decide`` the decision.
+"""The per-fact record that the gate's steps fill in (plan, embed, recall, relate, evidence,
+score, decide), one field group per step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Contradiction thresholds that belong to one NLI model, kept with that model's name.
-
-A probability bar means something only for the model that produced it: the offline two-label
-``aegis-nli`` is over-confident (many compatible pairs above 0.9), a three-label cross-encoder
-is not. A named policy ("strict", "review", ...) takes the bars of the model that scores the
-pairs when this table has them, and the :class:`~engine.gate.policy.Policy` defaults otherwise.
-A :class:`Policy` object passed as such, and per-request overrides, always win.
+"""Thresholds that belong to one model, kept with its name: a probability bar means something
+only for the model that produced it. A named policy takes the served models' bars when listed
+here, the :class:`~engine.gate.policy.Policy` defaults otherwise; a :class:`Policy` object and
+per-request overrides always win.
 """
 
 from __future__ import annotations
