@@ -18,8 +18,8 @@ from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
+from engine import reads
 from engine.errors import InvalidInput, NotFound
-from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
@@ -278,7 +278,8 @@ class Gate(Generic[S, X]):
     ) -> reads.Hits:
         """The ``k`` memories active now (or at ``as_of``) most similar to ``query``, as
         ``(memory, similarity)`` best first, with what it hid (``.hidden``) and the point it
-        read (``.seq``); ``include_inactive``: the ``k`` best of every memory, with status."""
+        read (``.seq``); ``include_inactive``: the ``k`` best of every memory, with status
+        (:mod:`engine.reads`)."""
         validate_fact(Fact(namespace=namespace, text=query), self.settings)
         if not 1 <= k <= 1000:
             raise InvalidInput("k must be in [1, 1000]")
