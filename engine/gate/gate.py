@@ -308,27 +308,23 @@ class Gate(Generic[S, X]):
             for e in expired:
                 by_ns[e.namespace].append(e.rowid)
             for ns, rowids in by_ns.items():
-                self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
+                self.index.remove(ns, _rowids(*rowids))
         return expired
 
     def forget(self, namespace: str, memory_id: str) -> str:
         """Erase a memory: its text and embedding are deleted, it leaves the index."""
         with self.namespaces_locked({namespace}):
-            rowid = self.store.forget(namespace, memory_id)
-            self.index.remove(namespace, np.asarray([rowid], dtype=np.int64))
+            self.index.remove(namespace, _rowids(self.store.forget(namespace, memory_id)))
         return memory_id
 
     def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
         """Undo the replacement made by ``memory_id``: the memory it superseded is active again."""
         with self.namespaces_locked({namespace}):
             res = self.store.undo(namespace, memory_id)
-            self.index.remove(namespace, np.asarray([res.undone_rowid], dtype=np.int64))
+            self.index.remove(namespace, _rowids(res.undone_rowid))
             if res.restored_embedding is not None:
-                self.index.add(
-                    namespace,
-                    np.asarray([res.restored_rowid], dtype=np.int64),
-                    res.restored_embedding[None, :],
-                )
+                vec = res.restored_embedding[None, :]
+                self.index.add(namespace, _rowids(res.restored_rowid), vec)
         return res.restored, res.undone
 
     def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
@@ -345,11 +341,9 @@ class Gate(Generic[S, X]):
         with self.namespaces_locked({namespace}):
             res = self.store.resolve_review(namespace, review_id, cast(Resolution, resolution))
             if res.rowid is not None and res.embedding is not None:
-                self.index.add(
-                    namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :]
-                )
+                self.index.add(namespace, _rowids(res.rowid), res.embedding[None, :])
             if res.superseded_rowid is not None:
-                self.index.remove(namespace, np.asarray([res.superseded_rowid], dtype=np.int64))
+                self.index.remove(namespace, _rowids(res.superseded_rowid))
         return res
 
     def ingest(self, facts: Sequence[Fact]) -> list[Decision]:
@@ -410,6 +404,10 @@ def decide_recalled(
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0
     return decisions, pairs
+
+
+def _rowids(*rowids: int) -> np.ndarray:
+    return np.asarray(rowids, dtype=np.int64)
 
 
 def _model_name(model: object) -> str | None:

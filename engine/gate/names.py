@@ -1,9 +1,6 @@
 """The gate's closed vocabularies: the rule a decision reports, the reason a candidate reports,
-and how two texts' subjects relate (``tests/unit/test_gate_names.py`` checks that every name
-the gate produces is a member). ``StrEnum``: a member *is* its string, so records, JSON and
-protobuf carry the plain name. Some reasons carry a detail after a colon
-(``mismatch:other_subject``) and two rules are composed (``partial_contradiction:later_dated``,
-``contradiction+confident``): :func:`partial_rule` and :func:`confident_rule` build those.
+how two texts' subjects relate. ``StrEnum``: a member *is* its plain string in records. Some
+reasons carry a detail after a colon; :func:`partial_rule` and :func:`confident_rule` compose.
 """
 
 from __future__ import annotations

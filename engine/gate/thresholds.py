@@ -21,12 +21,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelThresholds:
+    """One NLI model's values of the :class:`Policy` fields of the same names."""
+
     contradiction: float
-    """Contradiction a candidate must exceed (no attribute match)."""
     dated_contradiction: float
-    """The bar for a candidate the fact is dated after (rule ``later_dated``)."""
     duplicate_max_contradiction: float
-    """Above this, a near-identical candidate is an update, not a duplicate."""
 
 
 MODEL_THRESHOLDS: dict[str, ModelThresholds] = {

@@ -5,14 +5,9 @@ rule's evidence and the two parsed claims (:mod:`engine.gate.judge.features`) an
 the closest candidates two probabilities: that the fact restates it (``trees``) and that the
 fact is its replacement (``updates``). What it may change:
 
-* an **add** becomes a **skip** when a judged candidate's duplicate probability is at least
-  ``Policy.judge_duplicate`` (rule ``judged_duplicate``);
-* a **replace** whose target's update probability is below ``Policy.judge_veto`` is not made
-  (rule ``judged_not_update``): strict adds, a review policy queues.
-
-It never replaces where the rule did not. Every judged candidate reports its duplicate
-probability, a replacement's target its update probability. The judge file is sealed and names
-the models it was fitted with (:mod:`engine.gate.judge.store`).
+an **add** becomes a **skip** at ``Policy.judge_duplicate`` (rule ``judged_duplicate``); a
+**replace** below ``Policy.judge_veto`` is not made (``judged_not_update``: strict adds, review
+queues). It never replaces where the rule did not; judged candidates report their probabilities.
 """
 
 from __future__ import annotations
