@@ -56,7 +56,6 @@ def decide(
         else:
             d = _free_text(probe, policy, batch, new_id, judge)
         batch.record(probe, d)
-        probe.decision = d
         out.append(d)
     return out
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.gate.policy import Evidence
-from engine.types import Decision, Fact
+from engine.types import Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
 
@@ -56,4 +56,3 @@ class Probe:
     hits: list[Hit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     """``evidence``: one record per hit, in the hits' order."""
-    decision: Decision | None = None

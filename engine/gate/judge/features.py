@@ -14,7 +14,7 @@ from engine.gate.claims import Claim, claim
 from engine.gate.claims.compare import coverage
 from engine.gate.policy import Evidence
 
-__all__ = ["FEATURES", "JUDGED", "features"]
+__all__ = ["FEATURES", "JUDGED", "features", "judged"]
 
 JUDGED = 3
 """How many of the most similar candidates at or above the floor are judged (a duplicate is
@@ -42,6 +42,13 @@ def _logit(p: float | None) -> float:
         return 0.0
     p = min(max(p, _EPS), 1 - _EPS)
     return math.log(p / (1 - p))
+
+
+def judged(evidence: Sequence[Evidence], floor: float) -> list[Evidence]:
+    """Of the ``JUDGED`` most similar candidates, those at or above ``floor``."""
+    return [
+        e for e in sorted(evidence, key=lambda e: -e.similarity)[:JUDGED] if e.similarity >= floor
+    ]
 
 
 def _overlap(a: frozenset[str], b: frozenset[str]) -> float:
@@ -113,7 +120,7 @@ def features(
     """The judged candidates of one fact (most similar first) and their rows of
     :data:`FEATURES`; ``evidence`` is every candidate the rule saw, ``fact`` the fact's text."""
     ranked = sorted(evidence, key=lambda e: -e.similarity)
-    chosen = [e for e in ranked[:JUDGED] if e.similarity >= floor]
+    chosen = judged(ranked, floor)
     rows = []
     top = ranked[0].similarity if ranked else 0.0
     for i, e in enumerate(chosen):
