@@ -41,7 +41,6 @@ _WEEKDAYS: dict[str, int] = {calendar.day_name[n].lower(): n + 1 for n in range(
 _WEEKDAY = re.compile(
     r"\b(?:(" + "|".join(_WEEKDAYS) + r")s?|(Mon|Tue|Tues|Thu|Thur|Thurs|Fri)\.?)\b", re.I
 )
-_WEEKDAY_ABBR = {"mon": 1, "tue": 2, "tues": 2, "thu": 4, "thur": 4, "thurs": 4, "fri": 5}
 _DAY_NAME = r"(?:" + "|".join(_WEEKDAYS) + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)"
 _DAY_RANGE = re.compile(
     rf"\b({_DAY_NAME})\.?\s*(?:-|–|to|through|thru|until)\s*({_DAY_NAME})\b\.?", re.I
@@ -136,7 +135,7 @@ def _dates(text: str, out: set[str]) -> str:
         if m.group(1):
             out.add(f"weekday:{_WEEKDAYS[m.group(1).lower()]}")
         elif m.group(2)[0].isupper():
-            out.add(f"weekday:{_WEEKDAY_ABBR[m.group(2).lower()]}")
+            out.add(f"weekday:{_day_number(m.group(2))}")
     return text
 
 
