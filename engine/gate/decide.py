@@ -1,10 +1,6 @@
-"""Step 7, ``decide``: the facts' decisions, in batch order.
-
-A later fact sees what earlier facts of the batch did: a memory an earlier fact replaced is no
-longer a candidate, nor is an earlier fact that stored nothing, and an earlier fact's id
-resolves to the id its memory got. Episodes are added; a keyed fact is added, skipped (same
-text) or replaces its key's memory, no model; every other fact gets the policy's rule over its
-candidates' evidence (:mod:`engine.gate.evidence`), then the judge's amendment.
+"""Step 7, ``decide``: the facts' decisions, in batch order, a later fact seeing what earlier
+ones did. Episodes are added; a keyed fact is added, skipped (same text) or replaces its key's
+memory, no model; every other fact gets the policy's rule, then the judge's amendment.
 """
 
 from __future__ import annotations
@@ -60,7 +56,6 @@ def decide(
         else:
             d = _free_text(probe, policy, batch, new_id, judge)
         batch.record(probe, d)
-        probe.decision = d
         out.append(d)
     return out
 
@@ -110,12 +105,4 @@ def _keyed(
     if _same_text(current[1], fact.text):
         return Decision("skip", fact, current[0], cand, policy.name, Rule.KEYED_SAME)
     batch.keyed[slot] = (new_id, fact.text)
-    return Decision(
-        "replace",
-        fact,
-        current[0],
-        cand,
-        policy.name,
-        Rule.KEYED,
-        memory_id=new_id,
-    )
+    return Decision("replace", fact, current[0], cand, policy.name, Rule.KEYED, memory_id=new_id)

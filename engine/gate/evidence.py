@@ -1,14 +1,11 @@
 """Step 5, ``evidence``: each candidate's measurements as one typed
 :class:`~engine.gate.policy.Evidence`, built here and nowhere else.
 
-Only the hits ``relate`` sends to the model (``hit.forward``: at or above the floor) are read,
-from one batch parse: **identify** (the subject relation, and the embedder's similarity of the
-two *frames*, the texts less their shared subject and values: "Keiko has lived in Kobe since
-2019" / "Keiko lives in Osaka" leave "live" / "live"; all frames of a batch in one embedder
-call), **claims** (values new, changed, restated or added beside; a partial address; another
-subject; another instance of one kind), **overlap** (containment, claim counting) and **time
-order**. :func:`settle` then takes back the model pairs whose scores cannot change a decision,
-and :func:`scored` adds the probabilities of the rest.
+Only the hits at or above the floor (``hit.forward``) are read, from one batch parse: the subject
+relation and the embedder's similarity of the two *frames* (:mod:`engine.gate.claims.frame`,
+one embedder call per batch), the claim comparisons, overlap and time order. :func:`settle`
+takes back the model pairs whose scores cannot change a decision; :func:`scored` adds the
+probabilities of the rest.
 """
 
 from __future__ import annotations
@@ -76,20 +73,11 @@ def measure(probes: Sequence[Probe], embedder: Embedder, policy: Policy) -> int:
 
 
 def settle(probes: Sequence[Probe], policy: Policy, *, judged: int) -> int:
-    """Take back the model pairs ``relate`` asked for whose scores cannot change a decision, nor
-    the judge's reading (``judged``: how many of the closest candidates it reads, 0 without a
-    judge); returns how many were taken back. Read before :func:`engine.gate.score.score`.
-
-    A candidate is *fixed* when it surely stays a candidate at decision time: a stored memory
-    no earlier fact of the batch can replace (not above the floor for one, no earlier keyed fact
-    with its key). Then, over the candidates at or above the floor:
-
-    * a fixed one that contains or restates the fact means a skip whatever the scores, once the
-      closest (fixed) one's duplicate test has its scores: only the closest is scored;
-    * one about something else (``mismatch``) never passes, whatever its contradiction; it is
-      not scored when ``judged`` fixed candidates are closer (the judge never reads it).
-
-    Such a candidate reports no contradiction (its reason says why it did not pass).
+    """Take back the model pairs whose scores cannot change a decision nor the judge's reading
+    (``judged``: how many of the closest candidates it reads); returns how many. A candidate is
+    *fixed* when no earlier fact of the batch can replace it. A fixed one that contains or
+    restates the fact means a skip: only the closest (fixed) one is scored. One about something
+    else (``mismatch``) never passes: not scored when ``judged`` fixed candidates are closer.
     """
     threatened: dict[str, set[str]] = {}  # namespace -> ids an earlier fact may replace
     keys: dict[str, set[str]] = {}  # namespace -> keys of earlier keyed facts
@@ -137,7 +125,7 @@ def scored(probes: Sequence[Probe]) -> None:
 
 def _named_by_subject(bare: str, other: str) -> bool:
     """``bare`` is nothing but its subject and values, and the other text names every word of
-    that subject: the subject phrase is the attribute ("the shop's broadband")."""
+    that subject ("the shop's broadband")."""
     words = claims.claim(bare).subject
     theirs = claims.claim(other)
     return bool(words) and coverage(words, theirs.subject | theirs.content) == 1.0

@@ -1,10 +1,8 @@
 """The write gate: batch triage of incoming facts against a namespace's stored memories.
 
-One batch, any mix of namespaces, is decided with one embedder call, one grouped index search per
-namespace and one NLI call over every candidate pair. Facts are then decided in order, so a later
-fact sees what earlier facts of the same batch did (two updates of one attribute: the second
-supersedes the first and the chain is kept). ``apply=True`` commits every decision in one store
-transaction and then moves the indexes; a dry run decides only.
+One batch, any mix of namespaces: one embedder call, one grouped index search per namespace, one
+NLI call over every candidate pair; facts are decided in order, so a later fact sees what earlier
+ones did. ``apply=True`` commits every decision in one store transaction, then moves the indexes.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ from typing import Any, Generic, TypeVar, cast
 
 import numpy as np
 
+from engine import reads
 from engine.errors import InvalidInput, NotFound
-from engine.gate import reads
 from engine.gate.commit import commit
 from engine.gate.decide import ActiveByKey, decide
 from engine.gate.embed import embed
@@ -60,10 +58,9 @@ class GateSettings:
     max_metadata_bytes: int = 16384
     max_inactive_scan: int = 2000
     """Most inactive memories (newest first) a recall scores exactly to count what it hid
-    and to answer ``include_inactive`` (engine.gate.reads); beyond it ``hidden.partial``."""
+    (beyond it ``hidden.partial``)."""
     expiry_batch: int = 500
-    """Most memories one expiry sweep step marks expired, in one store transaction: a writer
-    waits for at most one such transaction."""
+    """Most memories one expiry sweep step marks expired, in one store transaction."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch <= 1_000_000:
@@ -153,11 +150,9 @@ class Gate(Generic[S, X]):
         apply: bool = False,
         overrides: dict[str, Any] | None = None,
     ) -> TriageResult:
-        """Decide ``facts`` in order under ``policy`` (``apply``: and commit them).
-
-        Checked once: facts given as :class:`~engine.types.ValidFacts` passed the fact rule
-        at the edge (the engine core) and a :class:`Policy` object is taken as resolved there
-        (:meth:`policy`); plain facts and a policy name are checked and resolved here."""
+        """Decide ``facts`` in order under ``policy`` (``apply``: and commit them). Facts given
+        as :class:`~engine.types.ValidFacts` and a :class:`Policy` object were checked and
+        resolved at the edge; plain facts and a policy name are checked and resolved here."""
         pol = (
             policy
             if isinstance(policy, Policy) and not overrides
@@ -184,14 +179,10 @@ class Gate(Generic[S, X]):
 
     # -- idempotent replays ------------------------------------------------------------------
     def _triage_replays(self, facts: Sequence[Fact], pol: Policy, *, apply: bool) -> TriageResult:
-        """Set replays aside, decide the rest, and put the replays back in their places.
-
-        A fact whose idempotency key the store already holds, or that repeats the key of an
-        earlier fact of this batch, is a *replay*: it answers the recorded result (or that
-        earlier fact's) and takes no part in the decisions, where it could hand a later fact an
-        in-batch target its replayed commit never stores. Runs under the namespace locks when
-        ``apply``, so no writer of this engine commits one of these keys in between.
-        """
+        """Set replays aside, decide the rest, and put the replays back in their places. A fact
+        whose idempotency key the store holds, or an earlier fact of the batch holds, answers
+        that result and takes no part in the decisions (under the namespace locks when
+        ``apply``)."""
         recorded = self._recorded(facts)
         first: dict[tuple[str, str], int] = {}
         replay_of: dict[int, int] = {}  # index -> earlier index of this batch with the same key
@@ -260,16 +251,14 @@ class Gate(Generic[S, X]):
 
     # -- reads and corrections -------------------------------------------------------------
     def get(self, namespace: str, memory_id: str, as_of: AsOf | None = None) -> Memory | None:
-        """The memory (any status; lazily expired ones read ``expired``), or as it was at
-        ``as_of`` (None when it did not exist yet)."""
+        """The memory (any status), or as it was at ``as_of`` (None: it did not exist yet)."""
         if as_of is None:
             return self.store.get(namespace, memory_id)
         return reads.get_at(self.store, namespace, memory_id, as_of)
 
     def history(self, namespace: str, memory_id: str, as_of: AsOf | None = None) -> list[Memory]:
-        """The supersedes chain holding ``memory_id``, oldest first; with ``as_of``, the
-        chain's memories that existed then, with their status then (``NotFound`` when
-        ``memory_id`` itself did not exist yet)."""
+        """The supersedes chain holding ``memory_id``, oldest first; with ``as_of``, its
+        memories that existed then, with their status then."""
         chain = list(self.store.history(namespace, memory_id))
         if as_of is None:
             return chain
@@ -287,11 +276,10 @@ class Gate(Generic[S, X]):
         as_of: AsOf | None = None,
         include_inactive: bool = False,
     ) -> reads.Hits:
-        """The ``k`` memories active now (or at ``as_of``) most similar to ``query``, episodic
-        ones included, as ``(memory, similarity)`` best first. The returned list also says
-        what it hid (``.hidden``: inactive memories that would have ranked among the ``k``)
-        and the point it read (``.seq``); ``include_inactive`` returns the ``k`` best of
-        every memory instead, each with its status (engine.gate.reads)."""
+        """The ``k`` memories active now (or at ``as_of``) most similar to ``query``, as
+        ``(memory, similarity)`` best first, with what it hid (``.hidden``) and the point it
+        read (``.seq``); ``include_inactive``: the ``k`` best of every memory, with status
+        (:mod:`engine.reads`)."""
         validate_fact(Fact(namespace=namespace, text=query), self.settings)
         if not 1 <= k <= 1000:
             raise InvalidInput("k must be in [1, 1000]")
@@ -309,9 +297,7 @@ class Gate(Generic[S, X]):
 
     def expire(self, limit: int | None = None) -> list[Expired]:
         """One step of the expiry sweep: mark up to ``limit`` (``expiry_batch``) memories past
-        their ``expires_at`` expired, each with an ``expire`` event, in one transaction, under
-        the namespaces' write locks, then drop them from the index. Returns what it expired
-        (empty: nothing was due)."""
+        their ``expires_at`` expired in one transaction, then drop them from the index."""
         limit = self.settings.expiry_batch if limit is None else limit
         due = self.store.due_namespaces(limit)
         if not due:
@@ -322,27 +308,23 @@ class Gate(Generic[S, X]):
             for e in expired:
                 by_ns[e.namespace].append(e.rowid)
             for ns, rowids in by_ns.items():
-                self.index.remove(ns, np.asarray(rowids, dtype=np.int64))
+                self.index.remove(ns, _rowids(*rowids))
         return expired
 
     def forget(self, namespace: str, memory_id: str) -> str:
         """Erase a memory: its text and embedding are deleted, it leaves the index."""
         with self.namespaces_locked({namespace}):
-            rowid = self.store.forget(namespace, memory_id)
-            self.index.remove(namespace, np.asarray([rowid], dtype=np.int64))
+            self.index.remove(namespace, _rowids(self.store.forget(namespace, memory_id)))
         return memory_id
 
     def undo(self, namespace: str, memory_id: str) -> tuple[Memory, Memory]:
         """Undo the replacement made by ``memory_id``: the memory it superseded is active again."""
         with self.namespaces_locked({namespace}):
             res = self.store.undo(namespace, memory_id)
-            self.index.remove(namespace, np.asarray([res.undone_rowid], dtype=np.int64))
+            self.index.remove(namespace, _rowids(res.undone_rowid))
             if res.restored_embedding is not None:
-                self.index.add(
-                    namespace,
-                    np.asarray([res.restored_rowid], dtype=np.int64),
-                    res.restored_embedding[None, :],
-                )
+                vec = res.restored_embedding[None, :]
+                self.index.add(namespace, _rowids(res.restored_rowid), vec)
         return res.restored, res.undone
 
     def list_review(self, namespace: str, limit: int = 100) -> list[ReviewItem]:
@@ -359,11 +341,9 @@ class Gate(Generic[S, X]):
         with self.namespaces_locked({namespace}):
             res = self.store.resolve_review(namespace, review_id, cast(Resolution, resolution))
             if res.rowid is not None and res.embedding is not None:
-                self.index.add(
-                    namespace, np.asarray([res.rowid], dtype=np.int64), res.embedding[None, :]
-                )
+                self.index.add(namespace, _rowids(res.rowid), res.embedding[None, :])
             if res.superseded_rowid is not None:
-                self.index.remove(namespace, np.asarray([res.superseded_rowid], dtype=np.int64))
+                self.index.remove(namespace, _rowids(res.superseded_rowid))
         return res
 
     def ingest(self, facts: Sequence[Fact]) -> list[Decision]:
@@ -405,12 +385,9 @@ def decide_recalled(
     timings: dict[str, float] | None = None,
     judge: VerdictJudge | None = None,
 ) -> tuple[list[Decision], int]:
-    """relate -> evidence -> score -> decide, over probes whose hits are recalled: the
-    decisions and the number of NLI pairs scored. ``timings`` (when given) gets the
-    ``relate``, ``identify`` (the evidence step, the batch's parse included), ``nli`` and
-    ``decide`` seconds.
-    :meth:`Gate.triage` and callers that bring their own candidates
-    (:func:`engine.adapters.graphiti.judge`) share this sequence."""
+    """relate -> evidence -> score -> decide over recalled probes: the decisions and the number
+    of NLI pairs scored; ``timings`` gets the ``relate``, ``identify``, ``nli`` and ``decide``
+    seconds. Shared by :meth:`Gate.triage` and callers bringing their own candidates."""
     timings = {} if timings is None else timings
     t0 = time.perf_counter()
     relate(probes, pol, has_entailment=nli.entailment_index is not None)
@@ -427,6 +404,10 @@ def decide_recalled(
     decisions = decide(probes, pol, active_by_key, judge)
     timings["decide"] = time.perf_counter() - t0
     return decisions, pairs
+
+
+def _rowids(*rowids: int) -> np.ndarray:
+    return np.asarray(rowids, dtype=np.int64)
 
 
 def _model_name(model: object) -> str | None:

@@ -1,9 +1,6 @@
 """The gate's closed vocabularies: the rule a decision reports, the reason a candidate reports,
-and how two texts' subjects relate (``tests/unit/test_gate_names.py`` checks that every name
-the gate produces is a member). ``StrEnum``: a member *is* its string, so records, JSON and
-protobuf carry the plain name. Some reasons carry a detail after a colon
-(``mismatch:other_subject``) and two rules are composed (``partial_contradiction:later_dated``,
-``contradiction+confident``): :func:`partial_rule` and :func:`confident_rule` build those.
+how two texts' subjects relate. ``StrEnum``: a member *is* its plain string in records. Some
+reasons carry a detail after a colon; :func:`partial_rule` and :func:`confident_rule` compose.
 """
 
 from __future__ import annotations
@@ -14,55 +11,33 @@ __all__ = ["Reason", "Rule", "Subject", "confident_rule", "detailed", "partial_r
 
 
 class Rule(StrEnum):
-    """Why a fact was decided as it was (``Decision.rule``)."""
+    """Why a fact was decided as it was (``Decision.rule``); each rule's condition and outcome
+    is its row of :data:`engine.gate.table.ROWS`."""
 
     # -- no model: episodes, keyed facts, replays
     EPISODIC = "episodic"
-    """An episode: appended, never a candidate."""
     KEYED = "keyed"
-    """A keyed fact replaced the active memory with its key."""
     KEYED_NEW = "keyed_new"
-    """A keyed fact whose key holds no active memory: added."""
     KEYED_SAME = "keyed_same"
-    """A keyed fact repeating its key's memory word for word: skipped."""
     REPLAYED = "replayed"
-    """An idempotency key seen before: the recorded result, decided nothing."""
     # -- free text: the policy's rule (engine.gate.policy.apply_rule)
     NO_CANDIDATE_ABOVE_FLOOR = "no_candidate_above_floor"
-    """No memory reached the similarity floor: added."""
     DUPLICATE = "duplicate"
-    """The closest memory is near-identical and not contradicted: skipped."""
     CONTAINED = "contained"
-    """A memory already says every content word of the fact: skipped."""
     RESTATED = "restated"
-    """A memory holds the fact's values in another format: skipped."""
     NO_CONFLICT = "no_conflict"
-    """Candidates above the floor, none passing: added."""
     OLDER_THAN_TARGET = "older_than_target"
-    """The fact is dated before its target: added to history, never replacing."""
     AMBIGUOUS_TARGET = "ambiguous_target"
-    """Two passing candidates about as similar: review."""
     ATTRIBUTE_RIVAL = "attribute_rival"
-    """A memory whose frame is nearer the fact holds a value of the kind it changes: review."""
     DOMINATED = "dominated"
-    """A much more similar memory that the fact does not contradict: added."""
     UNPROVEN = "unproven"
-    """Strict, without positive evidence of the same attribute of the same subject: added."""
     CONTRADICTION = "contradiction"
-    """The target passed on contradiction: replaced (strict) or queued (review)."""
     EXPLICIT_CHANGE = "explicit_change"
-    """The fact changes a value from the one its target holds ("changed from A to B"), same
-    subject (:mod:`engine.gate.claims.change`): an update."""
     LATER_DATED = "later_dated"
-    """The fact is dated after its target, same subject and attribute: an update."""
     PARTIAL_CONTRADICTION = "partial_contradiction"
-    """The target packs several claims of which the fact changes some: review (composed with the
-    passing rule by :func:`partial_rule`)."""
     # -- the judge (engine.gate.judge)
     JUDGED_NOT_UPDATE = "judged_not_update"
-    """The judge doubts the rule's target is being replaced: added (strict) or queued."""
     JUDGED_DUPLICATE = "judged_duplicate"
-    """The judge calls a candidate a restatement: skipped."""
 
 
 class Reason(StrEnum):

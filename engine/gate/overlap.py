@@ -1,10 +1,6 @@
-"""Lexical evidence the NLI model misses: containment, claim counting, polarity. Pure and fast.
-
-The offline contradiction model calls many compatible pairs contradictions and a restatement
-("Keiko lives in Kobe." after "Keiko has lived in Kobe since 2019.") neither. So: **containment**
-(every content word of the fact is in the memory, same polarity: nothing new), **claims** (a
-memory packing several claims of which the fact touches only some: replacing it would destroy
-the others, so review) and **polarity** (a negation on one side only). Tokens are spaCy's
+"""Lexical evidence the NLI model misses, pure and fast: **containment** (every content word of
+the fact is in the memory, same polarity), **claims** (a memory packing several claims of which
+the fact touches only some: review) and **polarity**. Tokens are spaCy's
 (:func:`engine.gate.claims.nlp.words`), normalised here (stems, number words, a stop list).
 """
 
@@ -38,26 +34,9 @@ _NEG = re.compile(
     re.IGNORECASE,
 )
 _NUMBER_WORDS = {
-    "zero": "0",
-    "one": "1",
-    "two": "2",
-    "three": "3",
-    "four": "4",
-    "five": "5",
-    "six": "6",
-    "seven": "7",
-    "eight": "8",
-    "nine": "9",
-    "ten": "10",
-    "eleven": "11",
-    "twelve": "12",
-    "fifteen": "15",
-    "twenty": "20",
-    "thirty": "30",
-    "forty": "40",
-    "fifty": "50",
-    "hundred": "100",
-}
+    w: str(n) for n, w in enumerate("zero one two three four five six seven eight nine".split())
+} | {"ten": "10", "eleven": "11", "twelve": "12", "fifteen": "15", "twenty": "20"}
+_NUMBER_WORDS |= {"thirty": "30", "forty": "40", "fifty": "50", "hundred": "100"}
 _SUFFIXES = ("ing", "ed", "es", "s", "ly", "er")
 
 
@@ -167,15 +146,10 @@ def _shape(token: str) -> str:
 
 
 def claims(memory: str, fact: str) -> Claims:
-    """Count the memory's claims and those the new fact leaves alone.
-
-    A claim is a segment with a lower-case content word (a predicate or common noun), or a value
-    segment holding a number ("22 July 08:55"). The memory's first two content words are its
-    subject ("Gideon studies", "worker pool"): sharing them does not mean a claim was addressed,
-    and neither does sharing a unit ("mg", "pm"). A value segment also counts as addressed when
-    each of its numbers meets a number of the same shape in the new fact (17:20 -> 16:40): that
-    is the value being changed.
-    """
+    """Count the memory's claims and those the new fact leaves alone. A claim is a segment with
+    a lower-case content word, or a value segment holding a number. Sharing the memory's first
+    two content words (its subject) or a unit does not address a claim; a number of the same
+    shape (17:20 -> 16:40) does."""
     subject = set(content_tokens(memory)[:2])
     fact_tokens = tuple(t for t in content_tokens(fact) if t not in _UNITS)
     fact_shapes = {_shape(t) for t in fact_tokens if any(ch.isdigit() for ch in t)}

@@ -16,9 +16,7 @@ __all__ = ["plan"]
 
 
 def plan(facts: Sequence[Fact], policy: Policy) -> list[Probe]:
-    probes = []
-    for i, fact in enumerate(facts):
-        checked = fact.kind != "episodic" and fact.key is None
-        probe = Probe(index=i, fact=fact, checked=checked)
-        probes.append(probe)
-    return probes
+    return [
+        Probe(index=i, fact=fact, checked=fact.kind != "episodic" and fact.key is None)
+        for i, fact in enumerate(facts)
+    ]

@@ -1,13 +1,8 @@
 """Gate policies and the pure decision rule. No I/O, no models: unit-tested with synthetic scores.
 
-:func:`apply_rule` reads each candidate's :class:`Evidence` and tries its tests in order, first
-that applies wins: nothing above the floor; the closest near-identical, contained or restated
-candidate (skip); the candidates whose contradiction clears their bar (lower with positive
-evidence of an update: a value change, a later date) and that are not about something else;
-then, for the most similar of those, an earlier date, a near rival, a rival whose frame is
-nearer, a much more similar non-conflicting memory, a partial contradiction, and strict's need
-of proof that both speak of one attribute of one subject. The rows, their order and an example
-of each are :data:`engine.gate.table.ROWS`.
+:func:`apply_rule` reads each candidate's :class:`Evidence` and tries its tests in order, the
+first that applies wins; the rows, their order and an example of each are
+:data:`engine.gate.table.ROWS`.
 """
 
 from __future__ import annotations
@@ -48,8 +43,8 @@ class Policy:
     contradiction: float = 0.95
     """Contradiction probability a candidate must exceed to count as a conflict."""
     dated_contradiction: float = 0.80
-    """Lower bar for a candidate the fact is dated after (``time_order``, rule
-    ``later_dated``), and for one that asks the fact's question (``Evidence.same_question``)."""
+    """Lower bar for a candidate the fact is dated after (rule ``later_dated``) or that asks
+    the fact's question (``Evidence.same_question``)."""
     top_k: int = 20
     """How many similar memories are recalled per fact."""
     duplicate_similarity: float = 0.90
@@ -60,19 +55,15 @@ class Policy:
     """At or above this similarity, a candidate the fact repeats with values of the same kinds
     changed (£34 -> £39 a month) passes at ``value_change_contradiction``."""
     value_change_contradiction: float = 0.50
-    """The bar for a candidate the fact repeats with values of the same kinds changed
-    (:func:`engine.gate.claims.changes_value`): the change itself is the evidence."""
+    """The bar for such a value change (:func:`engine.gate.claims.changes_value`)."""
     attribute_margin: float = 0.20
-    """A candidate that would lose to the target, holding a value of the kind the fact changes
-    in the target, with a frame this much nearer the fact's, may be the attribute meant
-    (limit $8,000: the card's annual fee $95 or its credit limit $6,500?): review."""
+    """A losing candidate holding a value of the kind the fact changes, with a frame this much
+    nearer the fact's, may be the attribute meant (the card's fee or its limit?): review."""
     ambiguity_margin: float = 0.05
-    """Two passing candidates closer than this in similarity are equally plausible targets
-    (siblings of one attribute: the outbound and the return leg)."""
+    """Two passing candidates closer than this in similarity are equally plausible targets."""
     dominance_margin: float = 0.06
-    """A passing candidate this much less similar than the best non-conflicting candidate is
-    not the fact's subject: the fact is about the more similar memory, which it does not
-    contradict, so nothing is replaced."""
+    """A passing candidate this much less similar than the best non-conflicting one is not the
+    fact's subject: nothing is replaced."""
     review_scope: Literal["all", "uncertain"] = "all"
     """Review mode only. ``all``: every conflict is queued. ``uncertain``: a conflict that would
     pass the strict rules at ``auto_floor`` is replaced, and only the rest is queued."""
@@ -83,45 +74,32 @@ class Policy:
     claims: bool = True
     """Parse claims with spaCy (subjects, frames, values, time order)."""
     restate_coverage: float = 0.0
-    """Share of the fact's content words (values and subject aside) the memory must hold for
-    equal values to make a restatement. 0: equal canonical values suffice, the guards of
-    :func:`engine.gate.claims.restates` carrying the precision (chosen by cross-validation)."""
+    """Share of the fact's content words the memory must hold for equal values to make a
+    restatement (0: equal canonical values suffice; :func:`engine.gate.claims.restates`)."""
     partial_values: int = 2
-    """A memory of which a value-changing fact leaves at least this many values standing
-    ("Staging runs v2.3 on 3 nodes in eu-north-1" -> "staging is on v2.4") is a partial
-    contradiction: review, never replace. 0 turns the value count off."""
-
+    """A memory of which a value-changing fact leaves at least this many values standing is a
+    partial contradiction: review, never replace (0: off)."""
     evidence: bool = True
-    """Strict means safe: replace unattended only with positive evidence that memory and fact
-    speak of one attribute of one subject (:meth:`Evidence.proven`); without it strict adds,
-    and review-uncertain queues."""
+    """Replace unattended only with positive evidence of one attribute of one subject
+    (:meth:`Evidence.proven`); without it strict adds and review-uncertain queues."""
     attribute_similarity: float = 0.10
     """Frame similarity that counts as one attribute (belongs to the embedder)."""
     judge: bool = True
-    """Let the judge fitted for the served models (:mod:`engine.gate.judge`) amend the rule:
-    skip an add as a duplicate, hold back a replacement. It never replaces where the rule did
-    not; without a judge for the served models the rule decides alone."""
+    """Let the judge fitted for the served models (:mod:`engine.gate.judge`) skip an add as a
+    duplicate or hold back a replacement; it never replaces where the rule did not."""
     judge_duplicate: float = 0.80
-    """Duplicate probability at or above which the judge skips a fact the rule would add
-    (a named policy takes the bar chosen when the judge was fitted)."""
+    """Duplicate probability at or above which the judge skips a fact the rule would add."""
     judge_veto: float = 0.0
-    """Update probability below which the judge turns a rule's replacement away (0: no veto;
-    chosen when the judge was fitted)."""
+    """Update probability below which the judge turns a replacement away (0: no veto)."""
     explicit_change: bool = True
-    """Explicit old -> new values (:mod:`engine.gate.claims.change`): a fact that names the value
-    it replaces ("changed from A to B", "no longer A, now B", "was A before and B afterwards")
-    where the candidate holds that old value of the same subject is an update (rule
-    ``explicit_change``): any contradiction passes, never a duplicate, never vetoed. Adopted in
-    docs/experiments/2026-12-05-outside-events.md."""
+    """A fact naming the old value its candidate holds, same subject ("changed from A to B",
+    :mod:`engine.gate.claims.change`), is an update at any contradiction, never vetoed."""
     time_order: bool = True
-    """Time qualifiers (:mod:`engine.gate.claims.when`): a candidate of the fact's subject and
-    attribute whose time the fact's is later than ("As of 2011, A lives in Chicago" <- "As of
-    2022, A lives in Tokyo") is an update (rule ``later_dated``, bar ``dated_contradiction``,
-    never vetoed by the judge); a target the fact is dated *before* is never replaced (rule
-    ``older_than_target``). Adopted in docs/experiments/2026-12-05-gate-v3.md."""
+    """Time qualifiers (:mod:`engine.gate.claims.when`): a fact dated after a candidate of its
+    subject and attribute updates it at ``dated_contradiction``, never vetoed; a target the fact
+    is dated before is never replaced (``older_than_target``)."""
     duplicates: bool = True
-    """Skip a fact as a duplicate of its nearly identical closest candidate (off: the seed's
-    rule, which only replaces or adds)."""
+    """Skip a fact as a duplicate of its nearly identical closest candidate."""
     dominance: bool = True
     """Add a fact whose passing candidate is ``dominance_margin`` less similar than the best
     non-conflicting one."""
@@ -129,12 +107,12 @@ class Policy:
     """A named policy takes the served models' thresholds (:mod:`engine.gate.thresholds`) and
     the judge's bars. Off (the seed policies): its own figures, on every model."""
     episodic_ttl_s: float | None = None
-    """Default time to live of an episodic memory, in seconds (None: it never expires). A
-    fact's own ``expires_at`` / ``ttl_s`` wins; expired memories stay in history."""
+    """Default time to live of an episodic memory, in seconds (None: never); a fact's own
+    ``expires_at`` / ``ttl_s`` wins."""
     semantic_ttl_s: float | None = None
-    """Default time to live of a semantic memory, in seconds (None: never expires)."""
+    """Default time to live of a semantic memory, in seconds (None: never)."""
     procedural_ttl_s: float | None = None
-    """Default time to live of a procedural memory, in seconds (None: never expires)."""
+    """Default time to live of a procedural memory, in seconds (None: never)."""
 
     def ttl_for(self, kind: str) -> float | None:
         """The default TTL of memories of ``kind`` (None: they never expire)."""
@@ -188,24 +166,12 @@ REVIEW_UNCERTAIN = Policy(
 """Confident conflicts (those strict would replace at ``auto_floor``) are replaced; only the
 uncertain ones are queued."""
 SEED = Policy(
-    name="seed",
-    floor=0.60,
-    contradiction=0.95,
-    lexical=False,
-    claims=False,
-    evidence=False,
-    judge=False,
-    time_order=False,
-    explicit_change=False,
-    duplicates=False,
-    dominance=False,
-    ambiguity_margin=0.0,
-    partial_values=0,
-    model_bars=False,
-)
+    name="seed", floor=0.60, contradiction=0.95, ambiguity_margin=0.0, partial_values=0,
+    lexical=False, claims=False, evidence=False, judge=False, time_order=False,
+    explicit_change=False, duplicates=False, dominance=False, model_bars=False,
+)  # fmt: skip
 """The seed's plain rule, exactly: of the candidates at or above 0.60, the single most similar
-one whose contradiction exceeds 0.95 is replaced; everything else is added. None of memgate's
-mechanisms; the baseline every quality report puts beside strict."""
+one whose contradiction exceeds 0.95 is replaced; everything else is added."""
 SEED_REVIEW = replace(SEED, name="seed-review", mode="review", floor=0.45, review_scope="all")
 """The seed's review variant: floor 0.45, every conflict the seed rule finds is queued."""
 _POLICIES = {
@@ -241,9 +207,8 @@ class Evidence:
     key: str | None = None
     """The memory's fixed key (``Fact.key``), reported, never weighed."""
     mismatch: str = ""
-    """About something else: ``other_subject`` (the fact says what the memory says, of another
-    subject), ``other_instance`` (two things of one kind, "Hive 2" and "Hive 4") or
-    ``other_question`` (two "question? answer" memories, :mod:`engine.gate.claims.qa`)."""
+    """About something else: ``other_subject``, ``other_instance`` ("Hive 2" and "Hive 4") or
+    ``other_question`` (:mod:`engine.gate.claims.qa`)."""
     contained: bool = False
     """The memory already says everything the new fact says (same polarity)."""
     partial: bool = False
@@ -251,8 +216,7 @@ class Evidence:
     restated: bool = False
     """The new fact states the memory's values again, in another format (a duplicate)."""
     changed_kinds: frozenset[str] = frozenset()
-    """Kinds of value the fact would change in this memory
-    (:func:`engine.gate.claims.changed_kinds`)."""
+    """Kinds of value the fact would change in this memory."""
     value_change: bool = False
     """The fact is the memory with values of the same kinds changed and nothing else."""
     new_values: bool = False
@@ -264,15 +228,12 @@ class Evidence:
     attribute: float | None = None
     """Similarity of the two frames (subject and values out); None when not measured."""
     same_question: bool = False
-    """Both are "question? answer" with the same question, time qualifiers out
-    (:mod:`engine.gate.claims.qa`): one thing asked, the answer its value. Another question is
-    ``mismatch`` ``other_question``."""
+    """Both are "question? answer" with the same question (:mod:`engine.gate.claims.qa`)."""
     changed_from: bool = False
-    """The fact names this candidate's value as the one it changes
-    (:func:`engine.gate.claims.change.holds_old`)."""
+    """The fact names this candidate's value as the one it changes (``claims.change``)."""
     dated: str = ""
     """``later`` / ``earlier``: the fact's time is after / before the memory's and the two
-    differ in more than that (:func:`engine.gate.claims.when.order`); empty otherwise."""
+    differ in more than that (:func:`engine.gate.claims.when.order`)."""
 
     def signal(self, policy: Policy) -> str:
         """The positive update signal this candidate carries under ``policy``
@@ -292,10 +253,8 @@ class Evidence:
         return ""
 
     def proven(self, policy: Policy) -> str:
-        """Empty when the evidence shows the same attribute of the same subject, else why not.
-
-        An update signal is such evidence; otherwise the subjects must not be disjoint and the
-        frames must be alike."""
+        """Empty when the evidence shows the same attribute of the same subject (an update
+        signal, or subjects not disjoint and frames alike), else why not."""
         if self.subject == Subject.APART:
             return "subject_apart"
         if self.signal(policy):

@@ -1,9 +1,5 @@
-"""What the gate needs from its collaborators, as protocols (the gate imports no concrete one).
-
-``Store`` is the store's own protocol (:mod:`engine.store.base`); ``Index`` is the part of
-:class:`engine.index.manager.IndexManager` the gate calls; ``Embedder`` and ``NLI`` are the parts
-of the ONNX runtimes it calls. :mod:`engine.runtime.fake` has deterministic fakes of the two
-models for unit tests.
+"""What the gate needs from its collaborators, as protocols (the gate imports no concrete one):
+the store's own ``Store``, the part of the index manager and of the ONNX runtimes it calls.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The per-fact record that the gate's steps fill in, one field group per step.
-
-``plan`` sets what to check; ``embed`` the vector; ``recall`` the hits (stored neighbours and
-earlier facts of the batch); ``relate`` which hits are weighed and scored; ``evidence`` one typed
-:class:`~engine.gate.policy.Evidence` per hit (and which pairs need no score); ``score`` the
-model's probabilities; ``decide`` the decision.
+"""The per-fact record that the gate's steps fill in (plan, embed, recall, relate, evidence,
+score, decide), one field group per step.
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.gate.policy import Evidence
-from engine.types import Decision, Fact
+from engine.types import Fact
 
 __all__ = ["Hit", "Probe", "Ref"]
 
@@ -60,4 +56,3 @@ class Probe:
     hits: list[Hit] = field(default_factory=list)
     evidence: list[Evidence] = field(default_factory=list)
     """``evidence``: one record per hit, in the hits' order."""
-    decision: Decision | None = None

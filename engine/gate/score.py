@@ -1,7 +1,5 @@
-"""Step 5, ``score``: one NLI call over every pair ``relate`` asked for.
-
-Forward pairs are (memory, fact); reverse pairs are (fact, memory), asked for
-the nearly identical closest candidate only, whose duplicate test needs entailment both ways.
+"""Step 6, ``score``: one NLI call over every pair ``relate`` asked for: forward pairs are
+(memory, fact), reverse pairs (fact, memory).
 """
 
 from __future__ import annotations
@@ -29,18 +27,11 @@ def score(probes: Sequence[Probe], nli: NLI) -> int:
             if hit.reverse:
                 pairs.append((probe.fact.text, hit.ref.text))
                 slots.append((hit, True))
-    _fill(slots, _run(nli, pairs), ci, ei)
-    return len(pairs)
-
-
-def _run(nli: NLI, pairs: list[tuple[str, str]]) -> np.ndarray:
-    return nli.score(pairs) if pairs else np.zeros((0, 2), dtype=np.float32)
-
-
-def _fill(slots: list[tuple[Hit, bool]], probs: np.ndarray, ci: int, ei: int | None) -> None:
+    probs = nli.score(pairs) if pairs else np.zeros((0, 2), dtype=np.float32)
     for (hit, reverse), row in zip(slots, probs, strict=True):
         e = None if ei is None else float(row[ei])
         if reverse:
             hit.reverse_entailment = e
         else:
             hit.contradiction, hit.entailment = float(row[ci]), e
+    return len(pairs)

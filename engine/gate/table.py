@@ -1,11 +1,7 @@
 """The gate's decision table: one row per :class:`~engine.gate.names.Rule`, in the order the gate
 tries them, each with an example that ``tests/model/test_table_examples.py`` runs through the
-real gate. Pure data. A replayed idempotency key answers first (:meth:`Gate.triage`), then
-:func:`engine.gate.decide.decide` sends episodes and keyed facts past every model; a free-text
-fact goes through :func:`engine.gate.policy.apply_rule` (first test that applies wins) and the
-judge's amendment. Each row stands alone, so retiring a rule deletes one row. The README's "How
-the gate decides" and docs/gate.md are rendered from :data:`ROWS` (``python -m
-engine.cli.tabledoc --write``).
+real gate. Pure data; the README's "How the gate decides" and docs/gate.md are rendered from
+:data:`ROWS` (``python -m engine.cli.tabledoc --write``).
 """
 
 from __future__ import annotations
@@ -31,9 +27,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Example:
-    """Store ``memories`` (as they are, ``Gate.ingest``), then triage ``fact`` under ``policy``
-    (a dry run): the decision's action is ``action`` and its rule (before any ``:`` or ``+``
-    detail) is the row's."""
+    """Store ``memories`` (``Gate.ingest``), then triage ``fact`` under ``policy`` (a dry run):
+    the decision's action is ``action`` and its rule's head is the row's."""
 
     memories: tuple[Entry, ...]
     fact: Entry

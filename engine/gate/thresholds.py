@@ -1,10 +1,7 @@
-"""Contradiction thresholds that belong to one NLI model, kept with that model's name.
-
-A probability bar means something only for the model that produced it: the offline two-label
-``aegis-nli`` is over-confident (many compatible pairs above 0.9), a three-label cross-encoder
-is not. A named policy ("strict", "review", ...) takes the bars of the model that scores the
-pairs when this table has them, and the :class:`~engine.gate.policy.Policy` defaults otherwise.
-A :class:`Policy` object passed as such, and per-request overrides, always win.
+"""Thresholds that belong to one model, kept with its name: a probability bar means something
+only for the model that produced it. A named policy takes the served models' bars when listed
+here, the :class:`~engine.gate.policy.Policy` defaults otherwise; a :class:`Policy` object and
+per-request overrides always win.
 """
 
 from __future__ import annotations
@@ -24,12 +21,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ModelThresholds:
+    """One NLI model's values of the :class:`Policy` fields of the same names."""
+
     contradiction: float
-    """Contradiction a candidate must exceed (no attribute match)."""
     dated_contradiction: float
-    """The bar for a candidate the fact is dated after (rule ``later_dated``)."""
     duplicate_max_contradiction: float
-    """Above this, a near-identical candidate is an update, not a duplicate."""
 
 
 MODEL_THRESHOLDS: dict[str, ModelThresholds] = {

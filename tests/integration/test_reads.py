@@ -1,5 +1,5 @@
 """Latest-only and as-of reads, and expiry, through the real gate (real models), on SQLite and
-PostgreSQL, with an injected clock (engine.lifecycle, engine.gate.reads)."""
+PostgreSQL, with an injected clock (engine.lifecycle, engine.reads)."""
 
 from __future__ import annotations
 

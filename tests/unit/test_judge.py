@@ -331,7 +331,7 @@ def test_the_judge_file_round_trips_sealed_and_is_found_for_its_models(tmp_path:
     back = find_judge(tmp_path, emb, nli)
     assert back is not None and back.duplicate_bar == 0.7 and back.models == models
     x = np.random.default_rng(0).uniform(size=(5, len(FEATURES)))
-    assert np.array_equal(back.probabilities(x), judge.probabilities(x))
+    assert np.array_equal(back.trees.probability(x), judge.trees.probability(x))
     assert back.updates is None and back.veto_bar == 0.0
     # with update trees and a veto bar
     written = replace(_tiny_judge(0.7, veto=0.3), models=models)

@@ -16,6 +16,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"engine.facts", "engine.lifecycle"}),  # facts from JSON; what is active when
     # model runtimes, FAISS indexes, stores: each knows nothing of the others' callers
     frozenset({"engine.runtime", "engine.index", "engine.store"}),
+    frozenset({"engine.reads"}),  # recall, get and history now or as of a point: store + index
     frozenset({"engine.gate"}),  # the decision pipeline over store / index protocols
     frozenset({"engine.core"}),  # queue, batcher, admission: transport-free
     frozenset({"engine.app"}),  # the composition root: settings -> an opened engine

@@ -1,19 +1,11 @@
 """Value canonicalisation: the values a text states, each in one canonical spelling.
 
-"$1,240,000", "1.24 million dollars" and "USD 1.24m" are all ``money:usd:1240000``; "31/08/2026"
-and "August 31, 2026" are both ``date:08-31`` plus ``year:2026``; "twelve kilometres" and "12
-km" are ``qty:m:12000`` (units with an exact factor are read in their dimension's base unit, so
-"3.4 kg" and "3400 g" agree); "MSKU 448120-3" and "MSKU4481203" are ``id:4481203`` (a code of
-seven or more digits is its digits, "INV-2291" is ``id:inv2291``); "06 12 44 80 19" and
-"0612448019" are ``tel:612448019``: a phone number written nationally ("020 7946 0112") or
-internationally ("+44 20 7946 0112") is ``tel:<its last nine digits>``, and other digit runs are
-``id:<digits>``. Plain numbers are ``num:<n>``; e-mail addresses and URLs are ``email:`` /
-``url:`` in lower case. A day/month date that reads both ways (05/06) yields both readings; a
-month named alone is ``month:<mm>``, a weekday ``weekday:<1-7>`` (Monday = 1), an ordinal ("the
-4th") ``ord:<n>``.
-
-Pure and stdlib-only (``re``, ``calendar``): a date library would parse "May" in "Maya may
-call" as a date; we only read the formats people write values in.
+"$1,240,000" and "1.24 million dollars" are ``money:usd:1240000``; "31/08/2026" and "August 31,
+2026" are ``date:08-31`` plus ``year:2026``; "twelve kilometres" is ``qty:m:12000`` (units with
+an exact factor in their dimension's base unit); codes are ``id:``, phone numbers ``tel:<last
+nine digits>``, plain numbers ``num:``, and ``email:``, ``url:``, ``ip:``, ``time:``,
+``month:``, ``weekday:``, ``days:``, ``ord:`` likewise. Pure and stdlib-only: we read only the
+formats people write values in.
 """
 
 from __future__ import annotations
@@ -23,15 +15,11 @@ import re
 from functools import lru_cache
 
 from engine.gate.claims.vocab import BASE_UNITS, CURRENCIES, MAGNITUDES, NUMBER_WORDS, UNITS
+from engine.gate.claims.vocab import MONTH as _MONTH
+from engine.gate.claims.vocab import MONTHS as _MONTHS
 
 __all__ = ["FORMAT_WORDS", "values"]
 
-_MONTHS: dict[str, int] = {}
-for _n in range(1, 13):
-    _MONTHS[calendar.month_name[_n].lower()] = _n
-    _MONTHS[calendar.month_abbr[_n].lower()] = _n
-_MONTHS["sept"] = 9
-_MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 
 _ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
 _NUMERIC_DATE = re.compile(r"\b(\d{1,2})[/.](\d{1,2})[/.](\d{4}|\d{2})\b")
@@ -53,7 +41,6 @@ _WEEKDAYS: dict[str, int] = {calendar.day_name[n].lower(): n + 1 for n in range(
 _WEEKDAY = re.compile(
     r"\b(?:(" + "|".join(_WEEKDAYS) + r")s?|(Mon|Tue|Tues|Thu|Thur|Thurs|Fri)\.?)\b", re.I
 )
-_WEEKDAY_ABBR = {"mon": 1, "tue": 2, "tues": 2, "thu": 4, "thur": 4, "thurs": 4, "fri": 5}
 _DAY_NAME = r"(?:" + "|".join(_WEEKDAYS) + r"|mon|tues?|wed|thu(?:rs?)?|fri|sat|sun)"
 _DAY_RANGE = re.compile(
     rf"\b({_DAY_NAME})\.?\s*(?:-|–|to|through|thru|until)\s*({_DAY_NAME})\b\.?", re.I
@@ -148,7 +135,7 @@ def _dates(text: str, out: set[str]) -> str:
         if m.group(1):
             out.add(f"weekday:{_WEEKDAYS[m.group(1).lower()]}")
         elif m.group(2)[0].isupper():
-            out.add(f"weekday:{_WEEKDAY_ABBR[m.group(2).lower()]}")
+            out.add(f"weekday:{_day_number(m.group(2))}")
     return text
 
 

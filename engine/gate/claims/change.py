@@ -1,15 +1,6 @@
 """Explicit old -> new values: a fact that names the value it replaces ("X's status changed
-from Improved to Excellent", "I no longer live in Boston, now in Chicago", "location of cup
-was on table before and in sink afterwards"), and whether a memory holds that old value of the
-same subject (issue 31, item 4).
-
-The forms are data (:data:`CHANGE_VERBS` and the three patterns), fixed before measurement
-(docs/experiments/2026-12-05-outside-events.md, section 3). :func:`holds_old` is positive
-evidence of an update only where the memory holds the old value, does not already hold the new
-one, and holds every content word of the fact outside the change phrase (its subject and
-attribute), so a lookalike with the same value and another subject never gets it.
-
-Pure: regular expressions and word sets, no model and no I/O.
+from Improved to Excellent", "no longer in Boston, now in Chicago", "was on table before and in
+sink afterwards"), and whether a memory holds that old value of the same subject. Pure.
 """
 
 from __future__ import annotations
@@ -20,27 +11,17 @@ from dataclasses import dataclass
 __all__ = ["CHANGE_VERBS", "STOP_WORDS", "Change", "content_words", "holds_old", "parse"]
 
 CHANGE_VERBS: tuple[str, ...] = (
-    "change", "changed", "changes", "changing",
-    "switch", "switched", "switches", "switching",
-    "move", "moved", "moves", "moving",
-    "go", "goes", "going", "gone", "went",
-    "shift", "shifted", "shifts", "shifting",
-    "turn", "turned", "turns", "turning",
-    "upgrade", "upgraded", "upgrades", "upgrading",
-    "downgrade", "downgraded", "downgrades", "downgrading",
-    "increase", "increased", "increases", "increasing",
-    "decrease", "decreased", "decreases", "decreasing",
-    "rise", "rose", "risen", "rises", "rising",
-    "fall", "fell", "fallen", "falls", "falling",
-    "drop", "dropped", "drops", "dropping",
-    "grow", "grew", "grown", "grows", "growing",
-    "reduce", "reduced", "reduces", "reducing",
-    "raise", "raised", "raises", "raising",
-    "lower", "lowered", "lowers", "lowering",
-    "update", "updated", "updates", "updating",
-    "relocate", "relocated", "relocates", "relocating",
-    "transfer", "transferred", "transfers", "transferring",
-    "convert", "converted", "converts", "converting",
+    "change", "changed", "changes", "changing", "switch", "switched", "switches", "switching",
+    "move", "moved", "moves", "moving", "go", "goes", "going", "gone", "went", "shift", "shifted",
+    "shifts", "shifting", "turn", "turned", "turns", "turning", "upgrade", "upgraded", "upgrades",
+    "upgrading", "downgrade", "downgraded", "downgrades", "downgrading", "increase", "increased",
+    "increases", "increasing", "decrease", "decreased", "decreases", "decreasing", "rise", "rose",
+    "risen", "rises", "rising", "fall", "fell", "fallen", "falls", "falling", "drop", "dropped",
+    "drops", "dropping", "grow", "grew", "grown", "grows", "growing", "reduce", "reduced",
+    "reduces", "reducing", "raise", "raised", "raises", "raising", "lower", "lowered", "lowers",
+    "lowering", "update", "updated", "updates", "updating", "relocate", "relocated", "relocates",
+    "relocating", "transfer", "transferred", "transfers", "transferring", "convert", "converted",
+    "converts", "converting",
 )  # fmt: skip
 """Verbs that, right before "from A to B", make it a change of value (not a route)."""
 
@@ -101,10 +82,9 @@ def parse(fact: str) -> Change | None:
 
 
 def holds_old(fact: str, memory: str) -> bool:
-    """True when the fact states an explicit change whose old value the memory holds, of the
-    same subject: the old value's content words are all the memory's, the new value's are not
-    all the memory's, and the fact's content words outside the change phrase are all the
-    memory's (none there: False)."""
+    """The fact states an explicit change whose old value's words are all the memory's, the new
+    value's not all, and whose other content words (subject, attribute) are all the memory's:
+    a lookalike with the same value and another subject never gets it."""
     change = parse(fact)
     if change is None:
         return False

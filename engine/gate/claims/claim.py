@@ -1,11 +1,6 @@
-"""One text as a claim: who it is about, what it says, which values, polarity, how many parts.
-
-Read from spaCy's parse: the subject is the root predicate's ``nsubj``/``nsubjpass`` phrase
-(possessors included: "Maya's office" is about Maya's office); predicates are the root and the
-verbs coordinated with it ("lives in Sendai and works for Tohoku Rail" has two parts);
-negation is a ``neg`` dependent or a negative determiner ("no", "never", "none"); content is the
-lemmas of the nouns, verbs, adjectives and adverbs outside the values.
-"""
+"""One text as a claim, read from spaCy's parse: who it is about (the root predicate's
+``nsubj``/``nsubjpass`` phrase), what it says, which values, polarity, how many parts (the root
+and the verbs coordinated with it)."""
 
 from __future__ import annotations
 
@@ -38,44 +33,33 @@ class Claim:
     predicates: tuple[str, ...]
     """Lemma of each part's predicate, in order."""
     subject_values: frozenset[str]
-    """Canonical values inside the subject phrase ("Kai's Thursday squad": weekday 4; "Unit 3's
-    rent": 3): they name which of several like things the subject is."""
+    """Canonical values inside the subject phrase ("Kai's Thursday squad": weekday 4)."""
     owners: frozenset[str]
-    """Lemmas of the subject's possessors ("Paolo Ricci's manager": paolo, ricci; pronouns
-    out): whose attribute the subject is."""
+    """Lemmas of the subject's possessors, pronouns out ("Paolo Ricci's manager": paolo, ricci)."""
     qualifiers: frozenset[str]
-    """Lemmas of the nouns compounded onto the subject's head ("the hallway thermostat":
-    hallway; "the garden office thermostat": garden, office): which of several like things the
-    subject is."""
+    """Lemmas of the nouns compounded onto the subject's head ("the hallway thermostat")."""
     counts: frozenset[str]
-    """Numbers that count a noun, as ``<canonical number> <noun lemma>`` ("five items" and "5
-    items" are both ``num:5 item``): a bare number before the noun it counts. A number after its
-noun names the thing instead ("Field 7", "Route 14") and is no count."""
+    """Numbers before the noun they count, as ``<canonical number> <noun lemma>`` ("five items"
+    and "5 items": ``num:5 item``)."""
     names: frozenset[str]
     """Content lemmas that name or qualify (proper nouns, possessors, adjectives, noun
-    modifiers), subject included: the
-    words a changed value in words shows in ("Gold" for "Bronze", "evening" for "morning")."""
+    modifiers), subject included: where a value changed in words shows ("Gold" for "Bronze")."""
     said: Said | None
-    """What the text says of its subject, apart from the subject (None when it cannot be told
-    apart: no single verb root with a subject, and no ``label: value`` note)."""
+    """What the text says of its subject (None when it cannot be told apart)."""
     lexicon: frozenset[str]
     """Every word of the text, lower-cased, and its lemma."""
     conjuncts: tuple[frozenset[str], ...]
-    """Content lemmas of each member of the text's first coordination, of any part of speech
-    ("is diabetic and on insulin": diabetic / insulin; "works Mondays and Wednesdays at Glebe":
-    the weekdays are values, so work glebe / nothing): what a fact may negate some of."""
+    """Content lemmas of each member of the text's first coordination ("is diabetic and on
+    insulin": diabetic / insulin): what a fact may negate some of."""
     labels: frozenset[tuple[str, str, str]]
-    """Things named by a noun and a number ("Hive 4", "BX 419", "MUG-13", "Tier-2"), as
-    (noun lemma, number, where): where is ``front`` (before the verb or the note's colon: the
-    subject side), ``said`` (after it) or ``unknown`` (the text does not split)."""
+    """Things named by a noun and a number ("Hive 4", "MUG-13") as (noun lemma, number, where):
+    ``front`` (the subject side), ``said`` (after the verb or colon) or ``unknown``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Said:
     """A text split into who it is about (``front``) and what it says of them (``words``,
-    ``values``, ``verb``). "Mrs Oduya's lunch visit is at 12:45": front "mrs oduya lunch
-    visit", values 12:45, verb "be". "Gate agent for BX 419: Tomas Reyes" (a note): front "gate
-    agent bx" and BX 419, words "tomas reyes", no verb."""
+    ``values``, ``verb``; a ``label: value`` note has no verb)."""
 
     front: frozenset[str]
     front_values: frozenset[str]
@@ -90,9 +74,8 @@ _ARTICLES = frozenset({"a", "an", "the"})
 
 
 def _said_word(tok: Any) -> bool:
-    """A word that carries meaning when comparing what two texts say: content words (spaCy's
-    stop list aside: "full", "front", "last" matter here), determiners other than articles
-    ("both", "no", "every"), spelt ordinals ("second") and short capitals ("L", "XL")."""
+    """A word that carries meaning when comparing what two texts say: content words (stop words
+    included), determiners other than articles, spelt ordinals and short capitals ("XL")."""
     if _is_content(tok):
         return True
     if tok.pos_ in ("NOUN", "PROPN", "VERB", "ADJ") and tok.is_alpha:

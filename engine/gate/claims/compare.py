@@ -1,19 +1,5 @@
-"""Comparisons of two claims: a restatement of the same values, a partial address of a memory.
-
-* :func:`restates`: the fact states values, every one of them is among the memory's (after
-  canonicalisation: "$1,240,000" = "1.24 million dollars"), the polarity agrees, no name or
-  qualifier of one side stands where the other has another ("Gold" vs "Bronze" plan, same
-  member number), and the fact's other content words are mostly found in the memory: the same
-  claim in another format. A
-  restatement is never a conflict, whatever the NLI model says about two spellings.
-* :func:`partial`: the memory has coordinated predicates ("lives in Sendai and works for Tohoku
-  Rail") and the fact addresses some but not all of them: replacing the memory would lose the
-  others; :func:`values_left` counts the same for values (a fact changing one of several).
-* :func:`changes_value` / :func:`changed_kinds`: which of the memory's values a fact changes,
-  and whether that is all it does.
-* :func:`says_of_another`: the fact says what the memory says, of another subject.
-* :func:`named_apart`: the two texts name two things of one kind on their subject side.
-* :func:`negates_part`: a negated fact takes back some of what a memory lists, not all.
+"""Comparisons of two parsed claims (:mod:`engine.gate.claims.claim`): restatement, partial
+address, value changes, another subject or instance, partial negation, more than a time change.
 """
 
 from __future__ import annotations
@@ -69,9 +55,9 @@ an ordinal."""
 
 
 def restates(memory: Claim, fact: Claim, min_coverage: float, count_coverage: float = 0.5) -> bool:
-    """``count_coverage`` is the content share needed when the fact's only values are counts
-    of a noun the memory counts the same ("five items" / "5 items"): a count names less than
-    an amount or a date does, so more of the wording must agree."""
+    """The same claim in another format: the fact's typed values are all the memory's
+    ("$1,240,000" = "1.24 million dollars"), same polarity, no name swapped, content covered to
+    ``min_coverage`` (``count_coverage`` when its only values are counts of a noun)."""
     typed = any(not v.startswith(_WEAK) for v in fact.values)
     if not typed and fact.counts & memory.counts:
         typed, min_coverage = True, max(min_coverage, count_coverage)
@@ -90,6 +76,7 @@ def _swapped(names: frozenset[str], other: frozenset[str]) -> bool:
 
 
 def partial(memory: Claim, fact: Claim) -> bool:
+    """The memory has coordinated predicates and the fact addresses some of them, not all."""
     if len(memory.parts) < 2:
         return False
     said = fact.content | frozenset(fact.predicates)
@@ -104,11 +91,9 @@ def partial(memory: Claim, fact: Claim) -> bool:
 
 
 def values_left(memory: frozenset[str], fact: frozenset[str]) -> int:
-    """How many of the memory's values a fact that changes a value leaves standing: per kind
-    of value (amount, time, id, weekday...), the memory's values beyond the fact's count. 0
-    when the fact changes no value. "Staging runs v2.3 on 3 nodes in eu-north-1" -> "staging is
-    on v2.4" leaves two (the node count and the region). Months and years are not counted
-    (a date implies its month)."""
+    """How many of the memory's values a value-changing fact leaves standing, per kind (months
+    and years not counted); 0 when it changes none. "Staging runs v2.3 on 3 nodes in
+    eu-north-1" -> "staging is on v2.4" leaves two."""
     if not fact - memory:
         return 0
     left = 0
@@ -129,10 +114,8 @@ def _kind(value: str) -> str:
 
 
 def changes_value(memory: Claim, fact: Claim) -> bool:
-    """The fact is the memory with values of the same kinds changed and nothing else: every
-    word of its subject and content is the memory's, each new value takes the place of a
-    memory value of its kind, and no memory value is left standing beside it ("Pemberley's
-    bookkeeping fee is £165 a month" after "... is £145 a month")."""
+    """The fact is the memory with values of the same kinds changed and nothing else ("... fee
+    is £165 a month" after "... is £145 a month")."""
     new, old = fact.values - memory.values, memory.values - fact.values
     if not new or not old or fact.negated != memory.negated:
         return False
@@ -146,7 +129,7 @@ def changes_value(memory: Claim, fact: Claim) -> bool:
 
 def changed_kinds(memory: frozenset[str], fact: frozenset[str]) -> frozenset[str]:
     """Kinds of value (``email``, ``money``, ``qty:g``...) the fact states anew where the memory
-    holds another value of that kind: the values the fact would change in this memory."""
+    holds another value of that kind."""
     new, old = fact - memory, memory - fact
     return frozenset({_kind(v) for v in new} & {_kind(v) for v in old})
 
@@ -155,10 +138,9 @@ _UNTYPED = frozenset({"num", "weekday", "month", "year", "ord"})
 
 
 def adds_beside(memory: Claim, fact: Claim) -> bool:
-    """The fact states typed values (amounts, dates, ids, quantities...) the memory lacks, and
-    the memory holds typed values of its own (outside its subject) of which the fact changes
-    none: "LT-0932 is a Dell Latitude 7440 with 32 GB RAM" beside "LT-0932 runs Windows 11
-    24H2". The fact speaks of another attribute of the subject, or adds detail to it."""
+    """The fact states typed values the memory lacks, and changes none of the memory's own
+    (outside its subject): another attribute, or more detail ("... 32 GB RAM" beside "...
+    runs Windows 11 24H2")."""
     mine = {v for v in memory.values - memory.subject_values if _kind(v) not in _UNTYPED}
     new = {v for v in fact.values - memory.values if _kind(v) not in _UNTYPED}
     if not mine or not new:
@@ -170,18 +152,11 @@ _LIGHT_VERBS = frozenset({"be", "have"})
 
 
 def says_of_another(memory: Claim, fact: Claim) -> bool:
-    """The fact says what the memory says, word for word and value for value, but of another
-    subject: "Mr Oduya's carer on weekdays: Lorna Baptiste" beside "Mrs Oduya's carer on
-    weekdays: Lorna Baptiste"; "Mrs Oduya's lunch visit is at 12:45" beside "Mr Oduya (her
-    husband) has a lunch visit at 12:45"; "Kids' club coach on Sundays: Rowan Tait" beside "...
-    on Saturdays: Rowan Tait". An update changes what is said of a subject; when everything the
-    fact says is already said, the difference lies in whom it is said of, and the memory is a
-    sibling, never the fact's target, whatever the model scores.
-
-    Everything said must be there: each word, each value (and no other value of its kind in the
-    memory: "Mondays only" after "Mondays and Fridays" narrows), the verb unless it is a light
-    one ("opted out of the newsletter" after "is subscribed to the newsletter" changes what is
-    said), the same polarity; and the subject side must differ (else it is a restatement)."""
+    """The fact says what the memory says, word for word and value for value, of another
+    subject ("Mr Oduya's carer on weekdays: Lorna Baptiste" beside "Mrs Oduya's ..."): a
+    sibling, never the target. Each word, each value (and no other value of its kind in the
+    memory), the verb unless light, and the polarity must be there; the subject side must
+    differ."""
     said = fact.said
     if said is None or not (said.words or said.values) or fact.negated != memory.negated:
         return False
@@ -203,12 +178,10 @@ def says_of_another(memory: Claim, fact: Claim) -> bool:
 
 
 def named_apart(memory: Claim, fact: Claim) -> bool:
-    """Both texts name a thing by one noun and a number, on the subject side, and not the same
-    number: "Hive 2 has chalkbrood" and "Found chalkbrood in Hive 4"; "Flight BX 417
-    turnaround" and "Flight BX 419 turnaround"; "SKU MUG-12" and "SKU MUG-13". Two things of a
-    kind, not one thing changed. A number after the verb is what is said, and may be the
-    change ("Kenji's class meets in room 214" -> "room 310"), so it never counts; nor does a
-    text that also names the other's number (a move from one to the other)."""
+    """Both texts name a thing by one noun and a number on the subject side, not the same
+    number ("Hive 2 has chalkbrood" / "Found chalkbrood in Hive 4"): two things of a kind. A
+    number after the verb may be the change ("room 214" -> "room 310") and never counts; nor
+    does a text naming the other's number too."""
     for noun in {n for n, _, _ in memory.labels} & {n for n, _, _ in fact.labels}:
         mine = [(num, where) for n, num, where in memory.labels if n == noun]
         theirs = [(num, where) for n, num, where in fact.labels if n == noun]
@@ -222,10 +195,8 @@ def named_apart(memory: Claim, fact: Claim) -> bool:
 
 def negates_part(memory: Claim, fact: Claim) -> bool:
     """The fact flips the polarity of some of what the memory lists, not all: one of several
-    values of a kind ("no longer works Wednesdays" after "works Mondays and Wednesdays"), or
-    some members of a coordination ("is no longer on insulin" after "is diabetic and on
-    insulin"; "has started taking colour work" after "doesn't do colour work or cover-ups").
-    The rest still holds: a partial contradiction (review), never a replacement."""
+    values of a kind ("no longer works Wednesdays" after "works Mondays and Wednesdays") or
+    some members of a coordination. A partial contradiction (review)."""
     if fact.negated == memory.negated:
         return False
     named = fact.values & memory.values
@@ -238,11 +209,9 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
 
 
 def beyond_time(memory: Claim, fact: Claim) -> bool:
-    """The two say more than one thing at two times: with their time qualifiers out
-    (:func:`engine.gate.claims.when.unqualified`), their values or content words differ ("As
-    of 2011, A lives in Chicago" / "As of 2022, A lives in Tokyo"). False when the time is all
-    that changes ("born in 1990" / "born in 1991": the year is the value, a correction, not a
-    time qualifier)."""
+    """With their time qualifiers out, the two differ in values or content words ("As of 2011,
+    A lives in Chicago" / "As of 2022, A lives in Tokyo"); False when the time is all that
+    changes ("born in 1990" / "born in 1991": the year is the value)."""
 
     def rest(c: Claim) -> frozenset[str]:
         return values(when.unqualified(c.text))

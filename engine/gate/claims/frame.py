@@ -1,10 +1,7 @@
 """The attribute a text speaks of, as words: the text less its shared subject and its values.
 
-"Keiko has lived in Kobe since 2019." and "Keiko lives in Osaka." share the subject Keiko; what
-is left once the subject, the values (numbers, dates, amounts, proper names outside the subject)
-and the function words are taken out is "live" and "live": the attribute. "Maya is allergic to
-peanuts" leaves "allergic peanut" and "Maya follows a vegan diet" leaves "follow vegan diet":
-another attribute of the same person. The embedder judges how close two frames are
+"Keiko has lived in Kobe since 2019." and "Keiko lives in Osaka." share the subject Keiko and
+leave "live" and "live": one attribute. The embedder judges how close two frames are
 (:mod:`engine.gate.evidence`); here only spaCy's parse is read, no word list.
 """
 
@@ -45,13 +42,9 @@ def shared_subject(a: str, b: str) -> frozenset[str]:
 
 
 def subject_relation(a: str, b: str) -> Subject:
-    """``shared`` (a word of one subject occurs in the other text: "the ops account has 2FA"
-    and "2FA is enabled on the ops account" share it), ``disjoint`` (both name a subject, and
-    neither's words occur in the other text; or both subjects have possessors, and neither's
-    possessors occur in the other's subject: "Paolo's manager" and "Ingrid's manager", but not
-    "Safiya's lessons" and "Amina's daughter Safiya's lessons"), ``apart`` (two things of one
-    kind named on the subject side: "unit 3", "unit 4") or ``unknown`` (one text has no
-    subject: an instruction, a fragment). See :class:`engine.gate.names.Subject`."""
+    """How the two texts' subjects relate (:class:`engine.gate.names.Subject`): ``apart`` (one
+    kind, two values: "unit 3", "unit 4"), ``disjoint`` (two owners, or qualifiers or words
+    neither shares: "Paolo's manager", "Ingrid's manager"), ``shared`` or ``unknown``."""
     ca, cb = claim(a), claim(b)
     if not ca.subject or not cb.subject:
         return Subject.UNKNOWN
@@ -72,8 +65,7 @@ def subject_relation(a: str, b: str) -> Subject:
 
 
 def _unmatched(words: frozenset[str], pool: frozenset[str]) -> bool:
-    """``words`` (one subject's qualifiers) are there, and none occurs in ``pool`` (the other
-    text's words)."""
+    """``words`` (one subject's qualifiers) are there, and none occurs in ``pool``."""
     return bool(words) and coverage(words, pool) == 0.0
 
 

@@ -43,14 +43,12 @@ def pipeline() -> Any:
 
 
 class _Docs:
-    """The memo of parsed texts: at most ``maxsize`` ``Doc`` objects, least recently used out.
-
-    :meth:`many` parses a batch's new texts in one ``nlp.pipe`` call (about 3x cheaper per text,
-    identical parses). It has ``lru_cache``'s ``cache_clear``, ``cache_info`` and
-    ``cache_parameters``. Two locks: the memo's (a look-up or insert) and spaCy's (``_lock``,
-    held only while the pipeline runs), so a lane reading parses it has never waits for another
-    lane's ``nlp.pipe``; two lanes missing one text may both parse it (deterministic, one is
-    kept). ``waited_s`` / ``parsed_s``: seconds callers waited for spaCy's lock / held it."""
+    """The memo of parsed texts: at most ``maxsize`` ``Doc`` objects, least recently used out,
+    with ``lru_cache``'s ``cache_clear``, ``cache_info`` and ``cache_parameters``. :meth:`many`
+    parses a batch's new texts in one ``nlp.pipe`` call (about 3x cheaper per text). Two locks:
+    the memo's and spaCy's (held only while the pipeline runs), so a lane reading parses it has
+    never waits for another's parse. ``waited_s`` / ``parsed_s``: seconds callers waited for
+    spaCy's lock / held it."""
 
     def __init__(self, maxsize: int, batch_size: int = 64) -> None:
         self.maxsize = maxsize
@@ -68,44 +66,35 @@ class _Docs:
                 self._docs.move_to_end(text)
                 self._hits += 1
                 return doc
-        t0 = time.perf_counter()
-        with _lock:
-            t1 = time.perf_counter()
-            doc = pipeline()(text)
-            t2 = time.perf_counter()
-        with self._memo:
-            self.waited_s += t1 - t0
-            self.parsed_s += t2 - t1
-            self._misses += 1
-            self._keep(text, doc)
-        return doc
+        return self._parse([text], single=True)[0]
 
     def many(self, texts: Iterable[str]) -> int:
         """Parse the texts not memoised yet in one batch; returns how many were parsed."""
         with self._memo:
             todo = [t for t in dict.fromkeys(texts) if t not in self._docs]
         todo = todo[-self.maxsize :]  # more than the memo holds: only the last would stay
-        if not todo:
-            return 0
+        if todo:
+            self._parse(todo, single=False)
+        return len(todo)
+
+    def _parse(self, todo: list[str], *, single: bool) -> list[Any]:
+        """Parse ``todo`` under spaCy's lock (one call, or one ``nlp.pipe``) and memoise it."""
         t0 = time.perf_counter()
         with _lock:
             t1 = time.perf_counter()
-            docs = list(pipeline().pipe(todo, batch_size=self.batch_size))
+            nlp = pipeline()
+            docs = [nlp(todo[0])] if single else list(nlp.pipe(todo, batch_size=self.batch_size))
             t2 = time.perf_counter()
         with self._memo:
             self.waited_s += t1 - t0
             self.parsed_s += t2 - t1
-            for text, doc in zip(todo, docs, strict=True):
-                self._keep(text, doc)
             self._misses += len(todo)
-        return len(todo)
-
-    def _keep(self, text: str, doc: Any) -> None:
-        """Memoise ``doc`` (the memo lock is held)."""
-        self._docs[text] = doc
-        self._docs.move_to_end(text)
-        if len(self._docs) > self.maxsize:
-            self._docs.popitem(last=False)
+            for text, doc in zip(todo, docs, strict=True):
+                self._docs[text] = doc
+                self._docs.move_to_end(text)
+                if len(self._docs) > self.maxsize:
+                    self._docs.popitem(last=False)
+        return docs
 
     def cache_clear(self) -> None:
         with self._memo:

@@ -1,4 +1,4 @@
-"""Vocabulary of value formats, as data: English number words, currencies and units.
+"""Vocabulary of value formats, as data: English number words, month names, currencies and units.
 
 These name *how values are written* (any domain), never topics. Each table is exercised by the
 examples in ``tests/unit/test_gate_claims.py``.
@@ -6,7 +6,18 @@ examples in ``tests/unit/test_gate_claims.py``.
 
 from __future__ import annotations
 
-__all__ = ["BASE_UNITS", "CURRENCIES", "MAGNITUDES", "NUMBER_WORDS", "UNITS"]
+import calendar
+
+__all__ = ["BASE_UNITS", "CURRENCIES", "MAGNITUDES", "MONTH", "MONTHS", "NUMBER_WORDS", "UNITS"]
+
+MONTHS: dict[str, int] = {
+    name.lower(): n
+    for n in range(1, 13)
+    for name in (calendar.month_name[n], calendar.month_abbr[n])
+} | {"sept": 9}
+"""Month names and abbreviations, lower case -> month number."""
+MONTH = "|".join(sorted(MONTHS, key=len, reverse=True))
+"""A regular expression alternation of :data:`MONTHS`, longest first."""
 
 NUMBER_WORDS: dict[str, int] = {
     word: n
@@ -20,48 +31,27 @@ NUMBER_WORDS: dict[str, int] = {
 }
 """Cardinal words below one hundred; "twenty-five" and "twenty five" are composed."""
 
-MAGNITUDES: dict[str, int] = {
-    "hundred": 100,
-    "thousand": 1_000,
-    "k": 1_000,
-    "million": 1_000_000,
-    "mn": 1_000_000,
-    "m": 1_000_000,
-    "billion": 1_000_000_000,
-    "bn": 1_000_000_000,
-}
+MAGNITUDES: dict[str, int] = (
+    {"hundred": 100, "thousand": 1_000, "k": 1_000}
+    | dict.fromkeys(("million", "mn", "m"), 1_000_000)
+    | dict.fromkeys(("billion", "bn"), 1_000_000_000)
+)
 """Multipliers after a number ("1.24 million", "94k", "twelve hundred")."""
 
 CURRENCIES: dict[str, str] = {
-    "$": "usd",
-    "us$": "usd",
-    "usd": "usd",
-    "dollar": "usd",
-    "dollars": "usd",
-    "bucks": "usd",
-    "£": "gbp",
-    "gbp": "gbp",
-    "pound": "gbp",
-    "pounds": "gbp",
-    "quid": "gbp",
-    "€": "eur",
-    "eur": "eur",
-    "euro": "eur",
-    "euros": "eur",
-    "¥": "jpy",
-    "jpy": "jpy",
-    "yen": "jpy",
-    "chf": "chf",
-    "francs": "chf",
-    "inr": "inr",
-    "₹": "inr",
-    "rupees": "inr",
-    "aud": "aud",
-    "a$": "aud",
-    "cad": "cad",
-    "c$": "cad",
-    "nzd": "nzd",
-    "nz$": "nzd",
+    form: code
+    for code, forms in {
+        "usd": "$ us$ usd dollar dollars bucks",
+        "gbp": "£ gbp pound pounds quid",
+        "eur": "€ eur euro euros",
+        "jpy": "¥ jpy yen",
+        "chf": "chf francs",
+        "inr": "inr ₹ rupees",
+        "aud": "aud a$",
+        "cad": "cad c$",
+        "nzd": "nzd nz$",
+    }.items()
+    for form in forms.split()
 }
 """Currency symbols, codes and words -> ISO 4217 code (lower case)."""
 
@@ -103,32 +93,18 @@ _UNIT_FORMS: dict[str, tuple[str, ...]] = {
 UNITS: dict[str, str] = {form: unit for unit, forms in _UNIT_FORMS.items() for form in forms}
 """Unit spellings -> one canonical symbol ("kilometres" and "km" are both ``km``)."""
 
+_FACTORS: dict[str, dict[str, float]] = {
+    "m": {"km": 1000.0, "m": 1.0, "cm": 0.01, "mm": 0.001},
+    "g": {"kg": 1000.0, "g": 1.0, "mg": 0.001, "mcg": 0.000001},
+    "l": {"l": 1.0, "ml": 0.001, "m3": 1000.0},
+    "s": {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0},
+    "day": {"day": 1.0, "week": 7.0},
+    "month": {"month": 1.0, "year": 12.0},
+    "b": {"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12},
+    "w": {"w": 1.0, "kw": 1000.0},
+}
 BASE_UNITS: dict[str, tuple[str, float]] = {
-    "km": ("m", 1000.0),
-    "m": ("m", 1.0),
-    "cm": ("m", 0.01),
-    "mm": ("m", 0.001),
-    "kg": ("g", 1000.0),
-    "g": ("g", 1.0),
-    "mg": ("g", 0.001),
-    "mcg": ("g", 0.000001),
-    "l": ("l", 1.0),
-    "ml": ("l", 0.001),
-    "m3": ("l", 1000.0),
-    "ms": ("s", 0.001),
-    "s": ("s", 1.0),
-    "min": ("s", 60.0),
-    "h": ("s", 3600.0),
-    "day": ("day", 1.0),
-    "week": ("day", 7.0),
-    "month": ("month", 1.0),
-    "year": ("month", 12.0),
-    "kb": ("b", 1e3),
-    "mb": ("b", 1e6),
-    "gb": ("b", 1e9),
-    "tb": ("b", 1e12),
-    "w": ("w", 1.0),
-    "kw": ("w", 1000.0),
+    unit: (base, factor) for base, units in _FACTORS.items() for unit, factor in units.items()
 }
 """Units that convert exactly by a factor, -> (the dimension's base unit, factor): "3.4 kg" and
 "3400 g" are one quantity, as are "1.8 m" and "180 cm", "90 minutes" and "1.5 hours", "two

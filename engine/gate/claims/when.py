@@ -1,63 +1,32 @@
-"""When a statement holds: its time qualifier ("as of 2019", "since March 2020", "in 2021",
-"now"), and which of two statements is the later one.
-
-A *time qualifier* is a marker word that introduces a time (:data:`MARKERS`) followed by a year,
-a month and year, or a full date; or a word that puts the statement in the present
-(:data:`NOW_WORDS`). A bare date without a marker is a value of the statement ("the deadline is
-3 May 2021"), never its time, and so is a date after "on" or "by" ("the meeting is on 3 May":
-the appointment itself). The vocabulary is data, exercised by the examples in
-``tests/unit/test_gate_when.py`` (:data:`EXAMPLES`).
-
-Pure: regular expressions over the vocabulary, no model and no I/O.
+"""When a statement holds: its time qualifier ("as of 2019", "since March 2020", "now"), and
+which of two statements is the later one. A qualifier is a marker (:data:`MARKERS`) before a
+year, month and year, or date, or a word of :data:`NOW_WORDS`; a bare date, or one after "on" or
+"by", is the statement's value, never its time. Pure; :data:`EXAMPLES` are run by the tests.
 """
 
 from __future__ import annotations
 
-import calendar
 import re
 from dataclasses import dataclass
+
+from engine.gate.claims.vocab import MONTH as _MONTH
+from engine.gate.claims.vocab import MONTHS as _MONTHS
 
 __all__ = ["EXAMPLES", "MARKERS", "NOW_WORDS", "Stamp", "order", "stamp", "unqualified"]
 
 MARKERS: tuple[str, ...] = (
-    "as of",
-    "as at",
-    "since",
-    "until",
-    "till",
-    "through",
-    "starting",
-    "starting in",
-    "starting from",
-    "beginning",
-    "beginning in",
-    "effective",
-    "effective from",
-    "in",
-    "during",
+    "as of", "as at", "since", "until", "till", "through", "starting", "starting in",
+    "starting from", "beginning", "beginning in", "effective", "effective from", "in", "during",
     "from",
-)
+)  # fmt: skip
 """Words that introduce the time a statement holds from, until or during."""
 
 NOW_WORDS: tuple[str, ...] = (
-    "now",
-    "currently",
-    "presently",
-    "at present",
-    "nowadays",
-    "these days",
-    "as of now",
-    "as of today",
-    "at the moment",
-)
+    "now", "currently", "presently", "at present", "nowadays", "these days", "as of now",
+    "as of today", "at the moment",
+)  # fmt: skip
 """Words that put a statement in the present."""
 
-_MONTHS: dict[str, int] = {}
-for _n in range(1, 13):
-    _MONTHS[calendar.month_name[_n].lower()] = _n
-    _MONTHS[calendar.month_abbr[_n].lower()] = _n
-_MONTHS["sept"] = 9
-_MONTH = "|".join(sorted(_MONTHS, key=len, reverse=True))
 _MARKER = "|".join(
     re.escape(m).replace(r"\ ", r"\s+") for m in sorted(MARKERS, key=len, reverse=True)
 )
@@ -123,10 +92,9 @@ def _date(m: re.Match[str]) -> Stamp | None:
 
 
 def order(fact: Stamp | None, memory: Stamp | None) -> str:
-    """``later`` when the fact is dated after the memory, ``earlier`` when before, ``""`` when
-    it cannot be told (either undated, the same time at the precision both give, or a memory
-    said to hold "now": its present was when it was written). A fact that holds "now" is later
-    than any dated memory."""
+    """``later`` / ``earlier`` when the fact is dated after / before the memory, ``""`` when it
+    cannot be told (either undated, the same time at the precision both give, or a memory that
+    holds "now"). A fact that holds "now" is later than any dated memory."""
     if fact is None or memory is None or memory.now:
         return ""
     if fact.now:

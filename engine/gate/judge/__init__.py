@@ -1,20 +1,13 @@
 """The judge: fitted models that tell a restatement, and an update, from a look-alike.
 
-The rule recognises few duplicates on wording it was not tuned on, and replaces on a confident
-contradiction that is sometimes another attribute or a sibling. The judge reads the rule's
-evidence plus plain comparisons of the two parsed claims (:mod:`engine.gate.judge.features`)
-and gives each of the closest candidates two probabilities, from gradient-boosted trees fitted
-for one embedder and NLI model (``memgate models judge``): that the fact restates it
-(``trees``) and that the fact is its replacement (``updates``). What it may change:
+Gradient-boosted trees fitted for one embedder and NLI model (``memgate models judge``) read the
+rule's evidence and the two parsed claims (:mod:`engine.gate.judge.features`) and give each of
+the closest candidates two probabilities: that the fact restates it (``trees``) and that the
+fact is its replacement (``updates``). What it may change:
 
-* an **add** becomes a **skip** when a judged candidate's duplicate probability is at least
-  ``Policy.judge_duplicate`` (rule ``judged_duplicate``);
-* a **replace** whose target's update probability is below ``Policy.judge_veto`` is not made
-  (rule ``judged_not_update``): strict adds, a review policy queues.
-
-It never replaces where the rule did not. Every judged candidate reports its duplicate
-probability, a replacement's target its update probability. The judge file is sealed and names
-the models it was fitted with (:mod:`engine.gate.judge.store`).
+an **add** becomes a **skip** at ``Policy.judge_duplicate`` (rule ``judged_duplicate``); a
+**replace** below ``Policy.judge_veto`` is not made (``judged_not_update``: strict adds, review
+queues). It never replaces where the rule did not; judged candidates report their probabilities.
 """
 
 from __future__ import annotations
@@ -22,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
-
-import numpy as np
 
 from engine.gate.judge.boost import Boost
 from engine.gate.judge.features import FEATURES, features
@@ -33,14 +24,11 @@ from engine.gate.policy import UPDATE_SIGNALS, Evidence, Policy, Verdict
 __all__ = ["BAR_FIELDS", "FORMAT", "Judge", "VerdictJudge", "amended", "with_bars"]
 
 FORMAT = "memgate-judge/4"
-"""Version 4: two bars (duplicate, veto), the keep, queue and dequeue parts retired (issue 31),
-and the columns of :data:`~engine.gate.judge.features.FEATURES` without the attribute-key ones.
-Older files are skipped as older until refitted."""
+"""Version 4: two bars (duplicate, veto). Older files are skipped until refitted."""
 
 
 class VerdictJudge(Protocol):
-    """What the gate asks of a judge: its bars for a named policy, and the rule's verdict
-    amended (or as it was)."""
+    """What the gate asks of a judge: its bars for a named policy, and the verdict amended."""
 
     def policy(self, policy: Policy) -> Policy: ...
 
@@ -57,8 +45,7 @@ BAR_FIELDS: dict[str, str] = {
 
 
 def with_bars(policy: Policy, bars: Mapping[str, float]) -> Policy:
-    """``policy`` with the judge's ``bars`` (keys of :data:`BAR_FIELDS`) that are given: how a
-    fitted judge's bars are served (:meth:`Judge.policy`) and how a fit tries them."""
+    """``policy`` with the judge's ``bars`` (keys of :data:`BAR_FIELDS`) that are given."""
     fields: dict[str, Any] = {BAR_FIELDS[name]: bar for name, bar in bars.items()}
     return replace(policy, **fields)
 
@@ -70,20 +57,16 @@ class Judge:
     trees: Boost
     """The duplicate model: probability that the fact restates a candidate."""
     duplicate_bar: float
-    """Probability at or above which a candidate the rule would add beside is a duplicate; the
-    named policies' ``judge_duplicate`` (chosen by cross-validation when fitted)."""
+    """The named policies' ``judge_duplicate`` (chosen by cross-validation when fitted)."""
     models: Mapping[str, Any] = field(default_factory=dict)
-    """The embedder and NLI artefacts it was fitted with: ``{"embedder": {"name", "variant",
-    "model_sha256"}, "nli": {...}}``."""
+    """The embedder and NLI artefacts it was fitted with (``name``, ``variant``,
+    ``model_sha256`` each)."""
     provenance: Mapping[str, Any] = field(default_factory=dict)
-    """How it was fitted: the labelled sets and their sha256, the settings, the cross-validated
-    figures. Shown, never used to decide."""
+    """How it was fitted (sets, settings, figures). Shown, never used to decide."""
     updates: Boost | None = None
-    """The update model: probability that the fact is a candidate's replacement (None: no
-    veto)."""
+    """The update model (None: no veto)."""
     veto_bar: float = 0.0
-    """Update probability below which a rule's replacement is held back; the named policies'
-    ``judge_veto`` (0: none)."""
+    """The named policies' ``judge_veto`` (0: none)."""
     seal: str = ""
     """The judge file's ``judge_sha256`` when loaded from one (empty for a judge in memory)."""
 
@@ -100,9 +83,6 @@ class Judge:
         if self.updates is None and self.veto_bar > 0:
             raise ValueError("judge veto_bar needs update trees")
 
-    def probabilities(self, rows: np.ndarray) -> np.ndarray:
-        return self.trees.probability(rows)
-
     def policy(self, policy: Policy) -> Policy:
         """``policy`` with this judge's bars (a named policy runs with them)."""
         return with_bars(policy, {"duplicate_bar": self.duplicate_bar, "veto_bar": self.veto_bar})
@@ -110,9 +90,8 @@ class Judge:
     def amend(
         self, verdict: Verdict, evidence: Sequence[Evidence], fact: str, policy: Policy
     ) -> Verdict:
-        """``verdict`` as the judge amends it (unchanged with ``policy.judge`` off, and for a
-        review, a skip or an ambiguity); ``evidence`` is every candidate the rule saw, ``fact``
-        the fact's text."""
+        """``verdict`` as the judge amends it (only an add or a replacement); ``evidence`` is
+        every candidate the rule saw, ``fact`` the fact's text."""
         action = verdict.action
         veto = action == "replace" and self.updates is not None and policy.judge_veto > 0
         if not policy.judge or not (action == "add" or veto):
@@ -124,7 +103,7 @@ class Judge:
         if veto and self.updates is not None:
             update = dict(zip(ids, map(float, self.updates.probability(rows)), strict=True))
             return amended(verdict, {}, policy, update)
-        probs = self.probabilities(rows)
+        probs = self.trees.probability(rows)
         return amended(verdict, dict(zip(ids, map(float, probs), strict=True)), policy)
 
     def describe(self) -> str:
@@ -142,9 +121,9 @@ def amended(
     policy: Policy,
     update: Mapping[str, float] | None = None,
 ) -> Verdict:
-    """``verdict`` amended by the judged candidates' duplicate probabilities (read for an add)
-    and update probabilities (read for a replacement's veto), memory id -> probability, most
-    similar first: pure, so a fit can replay it over remembered verdicts."""
+    """``verdict`` amended by the judged candidates' duplicate probabilities (for an add) and
+    update probabilities (for a veto), memory id -> probability, most similar first: pure, so a
+    fit can replay it."""
     if not policy.judge:
         return verdict
     action, target, rule = verdict.action, verdict.target_id, verdict.rule

@@ -1,10 +1,5 @@
-"""What the judge reads about one candidate: the rule's evidence and the two texts' claims.
-
-One row per judged candidate, the same at fit time and in the gate: general signals the gate
-already measures (similarity and rank, contradiction, subject and attribute evidence, value and
-claim comparisons) and plain comparisons of the two parsed claims and word sequences. No word
-list; nothing from the labels. Judged are the ``JUDGED`` most similar at or above the floor: a
-duplicate is nearly always one of the closest memories.
+"""What the judge reads about one candidate, the same at fit time and in the gate: the rule's
+evidence and plain comparisons of the two parsed claims and word sequences (no word list).
 """
 
 from __future__ import annotations
@@ -22,54 +17,20 @@ from engine.gate.policy import Evidence
 __all__ = ["FEATURES", "JUDGED", "features", "judged"]
 
 JUDGED = 3
-"""How many of the most similar candidates at or above the floor are judged."""
+"""How many of the most similar candidates at or above the floor are judged (a duplicate is
+nearly always one of the closest)."""
 
 FEATURES: tuple[str, ...] = (
-    "similarity",
-    "below_top",
-    "rank",
-    "above_next",
-    "contradiction_logit",
-    "contradiction_known",
-    "other_subject",
-    "other_instance",
-    "contained",
-    "partial",
-    "restated",
-    "value_change",
-    "new_values",
-    "beside",
-    "changes_kind",
-    "subject_shared",
-    "subject_disjoint",
-    "subject_apart",
-    "attribute",
-    "attribute_known",
-    "fact_words_in_memory",
-    "memory_words_in_fact",
-    "fact_values_in_memory",
-    "memory_values_in_fact",
-    "values_only_in_fact",
-    "values_only_in_memory",
-    "polarity_differs",
-    "length_ratio",
-    "shared_words",
-    "fact_has_values",
-    "memory_parts",
-    "both_split",
-    "front_overlap",
-    "said_overlap",
-    "front_values_differ",
-    "said_values_differ",
-    "same_verb",
-    "owners_disjoint",
-    "qualifiers_differ",
-    "qualifier_one_sided",
-    "diff_chunks",
-    "first_diff_memory",
-    "first_diff_fact",
-    "diff_ratio",
-)
+    "similarity", "below_top", "rank", "above_next", "contradiction_logit", "contradiction_known",
+    "other_subject", "other_instance", "contained", "partial", "restated", "value_change",
+    "new_values", "beside", "changes_kind", "subject_shared", "subject_disjoint", "subject_apart",
+    "attribute", "attribute_known", "fact_words_in_memory", "memory_words_in_fact",
+    "fact_values_in_memory", "memory_values_in_fact", "values_only_in_fact",
+    "values_only_in_memory", "polarity_differs", "length_ratio", "shared_words", "fact_has_values",
+    "memory_parts", "both_split", "front_overlap", "said_overlap", "front_values_differ",
+    "said_values_differ", "same_verb", "owners_disjoint", "qualifiers_differ",
+    "qualifier_one_sided", "diff_chunks", "first_diff_memory", "first_diff_fact", "diff_ratio",
+)  # fmt: skip
 """Column names of :func:`features`, in order. A fitted judge records them; a judge fitted on
 other columns is refused at load."""
 
@@ -84,10 +45,10 @@ def _logit(p: float | None) -> float:
 
 
 def judged(evidence: Sequence[Evidence], floor: float) -> list[Evidence]:
-    """The candidates the judge reads: of the ``JUDGED`` most similar, those at or above
-    ``floor``."""
-    ranked = sorted(evidence, key=lambda e: -e.similarity)
-    return [e for e in ranked[:JUDGED] if e.similarity >= floor]
+    """Of the ``JUDGED`` most similar candidates, those at or above ``floor``."""
+    return [
+        e for e in sorted(evidence, key=lambda e: -e.similarity)[:JUDGED] if e.similarity >= floor
+    ]
 
 
 def _overlap(a: frozenset[str], b: frozenset[str]) -> float:
@@ -101,9 +62,8 @@ def _tokens(text: str) -> list[str]:
 
 
 def _said(m: Claim, f: Claim) -> list[float]:
-    """Both texts split into subject side and what is said; the overlap of each side; front
-    values both present and different; said values different; the same verb. A text that does
-    not split reads -1 for the overlaps (unknown, not "nothing shared")."""
+    """Both split into subject side and what is said: the overlap of each side (-1: a text does
+    not split), front and said values different, the same verb."""
     ms, fs = m.said, f.said
     if ms is None or fs is None:
         return [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
@@ -118,9 +78,8 @@ def _said(m: Claim, f: Claim) -> list[float]:
 
 
 def _structure(m: Claim, f: Claim) -> list[float]:
-    """Where the two texts differ: the subject side or what is said of it (:func:`_said`),
-    whose and which thing the subject is, and the shape of the word-level difference (how many
-    stretches differ, where the first one starts in each text, how much is shared)."""
+    """Where the two texts differ: subject side or what is said (:func:`_said`), owners and
+    qualifiers, and the shape of the word-level difference."""
     a, b = _tokens(m.text), _tokens(f.text)
     diff = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
     ops = [op for op in diff.get_opcodes() if op[0] != "equal"]
@@ -165,8 +124,7 @@ def features(
     rows = []
     top = ranked[0].similarity if ranked else 0.0
     for i, e in enumerate(chosen):
-        # above_next: the gap to the memory ranked just below (the judged are the closest, in
-        # order, so the i-th judged is the i-th ranked). Fit and gate compute it alike.
+        # above_next: the gap to the memory ranked just below (the i-th judged is the i-th ranked)
         after = ranked[i + 1].similarity if i + 1 < len(ranked) else 0.0
         rows.append(
             [

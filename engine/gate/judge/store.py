@@ -1,11 +1,6 @@
-"""The judge file: where a fitted judge lives in the cache, sealed, and how it is found again.
-
-``<cache_dir>/judges/<embedder>-<variant>+<nli>-<variant>.json``, one per pair of served
-models. The file seals itself like a model manifest (``judge_sha256``: the sha256 of its
-canonical JSON without the seal), so a hand edit of a bar or a tree is refused; it is written
-to a scratch file, fsynced and renamed into place. It names the graphs it was fitted with
-(each model file's sha256 from its manifest): after a rebuild of either model the judge no
-longer applies, and the gate decides by the rule alone until it is fitted again.
+"""The judge file: ``<cache_dir>/judges/<embedder>-<variant>+<nli>-<variant>.json``, sealed like
+a model manifest (``judge_sha256`` of its canonical JSON), written atomically, naming the model
+graphs it was fitted with: after a rebuild of either the gate decides by the rule alone.
 """
 
 from __future__ import annotations
@@ -124,9 +119,8 @@ def load_judge(path: Path) -> Judge:
 
 
 def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
-    """The judge fitted for these loaded runtimes, or None (with a warning when a judge file
-    exists for their names but was fitted with other graphs). A tampered or malformed file is
-    a :class:`ModelError`, as a tampered model is."""
+    """The judge fitted for these loaded runtimes, or None (with a warning when one exists for
+    other graphs). A tampered or malformed file is a :class:`ModelError`."""
     emb, cls = model_identity(embedder), model_identity(nli)
     path = judge_path(cache_dir, emb, cls)
     if not path.is_file():
@@ -150,16 +144,13 @@ def find_judge(cache_dir: Path, embedder: Any, nli: Any) -> Judge | None:
 
 
 def fitted_elsewhere(provenance: Mapping[str, Any]) -> bool:
-    """The judge's provenance names other instruction sets than this CPU's (or none): its bars
-    were chosen on another CPU's model scores (an int8 model's differ a little between AVX2,
-    VNNI and AMX kernels)."""
+    """The judge's provenance names other instruction sets than this CPU's (or none): an int8
+    model's scores differ a little between AVX2, VNNI and AMX kernels."""
     return provenance.get("isa") != list(cpu()[1])
 
 
 def _warn_other_cpu(path: Path, judge: Judge) -> None:
-    """A judge fitted where the CPU had other instruction sets (:func:`fitted_elsewhere`; one
-    that does not say is not warned about): served as it is, with a warning; ``memgate models
-    judge --force`` refits it here."""
+    """Warn of a judge fitted where the CPU had other instruction sets; it is served as it is."""
     if "isa" in judge.provenance and fitted_elsewhere(judge.provenance):
         log.warning(
             "judge %s was fitted on a CPU with other instruction sets (%s; here %s): its bars "

@@ -1,4 +1,5 @@
-"""Reads: recall, get and history, now or as of a point of the event log.
+"""Reads: recall, get and history, now or as of a point of the event log (below the gate: they
+decide nothing; :class:`engine.gate.gate.Gate` serves them).
 
 What "active" means is :mod:`engine.lifecycle`'s rule. **Recall now** ranks the index's active
 memories and drops those past their ``expires_at`` (asking for more while fewer than ``k``
@@ -15,16 +16,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dc_replace
+from typing import Protocol
 
 import numpy as np
 
-from engine.gate.ports import Index, Store
 from engine.lifecycle import AsOf, Hidden, Hits, State, state_untouched, status_at
+from engine.store.base import Store
 from engine.types import Memory
 
 __all__ = ["Hits", "Point", "get_at", "history_at", "point", "recall_hits"]
 
 _MAX_SEARCH_K = 1 << 16
+
+
+class Index(Protocol):
+    """The index search a recall needs (``engine.gate.ports.Index`` has it)."""
+
+    def search(self, namespace: str, vecs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores float32 [q, k], rowids int64 [q, k])``; a missing hit has rowid -1."""
+        ...
 
 
 @dataclass(frozen=True)
