@@ -4,6 +4,8 @@ address, value changes, another subject or instance, partial negation, more than
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from engine.gate.claims import when
 from engine.gate.claims.canon import values
 from engine.gate.claims.claim import Claim
@@ -208,12 +210,16 @@ def negates_part(memory: Claim, fact: Claim) -> bool:
     return len(members) >= 2 and 0 < touched < len(members)
 
 
+@lru_cache(maxsize=65536)
+def untimed_values(text: str) -> frozenset[str]:
+    """The values ``text`` states outside its time qualifier: "as of 1970" says when."""
+    return values(when.unqualified(text))
+
+
 def beyond_time(memory: Claim, fact: Claim) -> bool:
     """With their time qualifiers out, the two differ in values or content words ("As of 2011,
     A lives in Chicago" / "As of 2022, A lives in Tokyo"); False when the time is all that
     changes ("born in 1990" / "born in 1991": the year is the value)."""
-
-    def rest(c: Claim) -> frozenset[str]:
-        return values(when.unqualified(c.text))
-
-    return rest(memory) != rest(fact) or memory.content != fact.content
+    return (
+        untimed_values(memory.text) != untimed_values(fact.text) or memory.content != fact.content
+    )

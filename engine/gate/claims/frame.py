@@ -10,10 +10,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from engine.gate.claims import qa, when
-from engine.gate.claims.canon import values
+from engine.gate.claims import qa
 from engine.gate.claims.claim import claim
-from engine.gate.claims.compare import coverage
+from engine.gate.claims.compare import coverage, untimed_values
 from engine.gate.claims.nlp import parse
 from engine.gate.names import Subject
 
@@ -50,8 +49,8 @@ def subject_relation(a: str, b: str) -> Subject:
         return Subject.UNKNOWN
     # a value of the subject counts only outside the time qualifier: "as of 1970" says when
     # (of a "question? answer", the question's: the answer is the value)
-    sa = ca.subject_values & values(when.unqualified(qa.question(a) or a))
-    sb = cb.subject_values & values(when.unqualified(qa.question(b) or b))
+    sa = ca.subject_values & untimed_values(qa.question(a) or a)
+    sb = cb.subject_values & untimed_values(qa.question(b) or b)
     if _named_apart(sa, sb):
         return Subject.APART  # Kai's Thursday squad, Kai's Monday squad; unit 3, unit 4
     if ca.owners and cb.owners and not ca.owners & cb.subject and not cb.owners & ca.subject:

@@ -31,5 +31,8 @@ def same_question(a: str, b: str) -> bool | None:
     qa, qb = question(a), question(b)
     if qa is None or qb is None:
         return None
-    key = (frozenset(content_tokens(when.unqualified(q))) for q in (qa, qb))
-    return next(key) == next(key)
+    return _key(qa) == _key(qb)
+
+
+def _key(question: str) -> frozenset[str]:
+    return frozenset(content_tokens(when.unqualified(question)))
