@@ -192,14 +192,66 @@ def baseline(
     }
 
 
-# -- the server subprocess ------------------------------------------------------------------------
-def serve_main(args: argparse.Namespace) -> int:
-    """``--serve``: open the store, serve it on a free port, print the port, run until SIGTERM."""
-    from engine.app import open_engine
-    from engine.core.queue import QueueSettings
-    from engine.server.server import MemgateServer, ServerSettings
+def engine_closed(
+    args: argparse.Namespace, db: Path, incoming: list[Any], seconds: float
+) -> dict[str, Any]:
+    """The served closed loop without the transport: ``args.clients`` asyncio callers of the
+    engine core, in this process, one fact per ``Engine.triage`` dry run, on the core the server
+    runs (``engine.server.server.core_settings`` of the same settings), so served / this is
+    what the wire, the server process and its event loop cost."""
+    from engine.app import build_engine, open_engine
+    from engine.server.server import core_settings
 
-    settings = ServerSettings(
+    batches: list[int] = []
+
+    def on_batch(facts: int, entries: int, _seconds: float) -> None:
+        batches.append(facts)
+
+    async def run(gate: Any) -> tuple[int, float, list[float]]:
+        engine = build_engine(gate, core_settings(server_settings(args)), on_batch=on_batch)
+        await engine.start()
+        try:
+            await engine.warm_up()
+            cursor = [0]
+            lat: list[float] = []
+
+            async def loop(end: float, out: list[float]) -> None:
+                while time.perf_counter() < end:
+                    fact = incoming[cursor[0] % len(incoming)]
+                    cursor[0] += 1
+                    t0 = time.perf_counter()
+                    await engine.triage([fact])
+                    out.append(time.perf_counter() - t0)
+
+            warm_end = time.perf_counter() + 2.0
+            await asyncio.gather(*(loop(warm_end, []) for _ in range(8)))
+            batches.clear()
+            t0 = time.perf_counter()
+            end = t0 + seconds
+            await asyncio.gather(*(loop(end, lat) for _ in range(args.clients)))
+            return len(lat), time.perf_counter() - t0, lat
+        finally:
+            await engine.close()
+
+    with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
+        facts, elapsed, lat = asyncio.run(run(eng.gate))
+    return {
+        "facts_per_s": facts / elapsed,
+        "facts": facts,
+        "seconds": elapsed,
+        "batch_mean": sum(batches) / max(1, len(batches)),
+        "p50_ms": _pct(lat, 50),
+        "p99_ms": _pct(lat, 99),
+    }
+
+
+# -- the server subprocess ------------------------------------------------------------------------
+def server_settings(args: argparse.Namespace) -> Any:
+    """The served settings: the server's defaults with this run's admission and batching."""
+    from engine.core.queue import QueueSettings
+    from engine.server.server import ServerSettings
+
+    return ServerSettings(
         port=0,
         max_queued_facts=args.max_queued_facts,
         max_queue_delay_s=args.max_queue_delay_ms / 1000 if args.max_queue_delay_ms else None,
@@ -210,6 +262,14 @@ def serve_main(args: argparse.Namespace) -> int:
         grace_s=2.0,
         http_port=0 if args.http else None,
     )
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """``--serve``: open the store, serve it on a free port, print the port, run until SIGTERM."""
+    from engine.app import open_engine
+    from engine.server.server import MemgateServer
+
+    settings = server_settings(args)
     db = Path(args.db)
 
     async def main() -> None:
@@ -725,6 +785,12 @@ def table(base: dict[str, Any], phases: list[Phase]) -> str:
         f"{'in-process':<14}{'':>10}{base['facts_per_s']:>10.1f}{'':>9}{'':>9}{'':>9}"
         f"{'':>8}{64:>7}{'':>10}"
     )
+    eng = base.get("engine_closed")
+    if eng:
+        rows.append(
+            f"{'engine-32':<14}{'closed':>10}{eng['facts_per_s']:>10.1f}{eng['p50_ms']:>9.1f}"
+            f"{'':>9}{eng['p99_ms']:>9.1f}{'':>8}{eng['batch_mean']:>7.1f}{'':>10}"
+        )
     for p in phases:
         offered = f"{p.offered:.0f}" if p.offered is not None else "closed"
         rows.append(
@@ -744,6 +810,13 @@ def plot(path: Path, base: dict[str, Any], phases: list[Phase]) -> None:
     ax1.plot(x, [p.throughput for p in opened], "o-", label="served (OK facts/s)")
     ax1.plot(x, x, ":", color="grey", label="offered")
     ax1.axhline(base["facts_per_s"], color="tab:red", ls="--", label="in-process batch-64")
+    if base.get("engine_closed"):
+        ax1.axhline(
+            base["engine_closed"]["facts_per_s"],
+            color="tab:purple",
+            ls="--",
+            label="in-process engine, 32 callers",
+        )
     for p in phases:
         if p.name.startswith("http-"):
             ax1.axhline(p.throughput, color="tab:green", ls="-.", label=f"HTTP/JSON {p.name}")
@@ -909,6 +982,17 @@ def main(argv: list[str] | None = None) -> int:
             f"({base['nli_pairs_per_fact']:.2f} NLI pairs/fact)",
             flush=True,
         )
+        if not args.door_arms:
+            print(
+                f"in-process engine: {args.clients} closed-loop callers of Engine.triage, "
+                f"{args.phase_s:.0f}s",
+                flush=True,
+            )
+            eng_before = engine_closed(args, db, incoming, args.phase_s)
+            print(
+                f"  {eng_before['facts_per_s']:.1f} facts/s (batch {eng_before['batch_mean']:.1f})",
+                flush=True,
+            )
         from engine.server.codegen import ensure
 
         ensure()
@@ -930,10 +1014,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline again: {args.baseline_s / 2:.0f}s", flush=True)
         after = baseline(args, db, [], incoming, args.baseline_s / 2)
         print(f"  {after['facts_per_s']:.1f} facts/s", flush=True)
+        print(f"in-process engine again: {args.phase_s:.0f}s", flush=True)
+        eng_after = engine_closed(args, db, incoming, args.phase_s)
+        print(f"  {eng_after['facts_per_s']:.1f} facts/s", flush=True)
         load_end = os.getloadavg()
     base["facts_per_s_before"] = base["facts_per_s"]
     base["facts_per_s_after"] = after["facts_per_s"]
     base["facts_per_s"] = (base["facts_per_s"] + after["facts_per_s"]) / 2
+    base["engine_closed"] = {
+        k: (eng_before[k] + eng_after[k]) / 2
+        for k in ("facts_per_s", "batch_mean", "p50_ms", "p99_ms")
+    } | {"before": eng_before, "after": eng_after}
 
     closed = phases[0]
     by_name = {p.name: p for p in phases}
@@ -949,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
         "in_process_drift": base["facts_per_s_after"] / base["facts_per_s_before"] - 1,
         "served_facts_per_s_32_clients": closed.throughput,
         "ratio_served_to_in_process": closed.throughput / base["facts_per_s"],
+        "in_process_engine_facts_per_s": base["engine_closed"]["facts_per_s"],
+        "ratio_served_to_in_process_engine": closed.throughput
+        / base["engine_closed"]["facts_per_s"],
         "unloaded_p99_ms": unloaded.p99_ms,
         "overload_offered_x": args.loads[-1],
         "overload_shed_share": overload.shed_share,
@@ -982,6 +1076,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"served/in-process at {args.clients} single-fact clients: "
         f"{figures['ratio_served_to_in_process']:.2f} (target >= 0.8)"
+    )
+    eng = base["engine_closed"]
+    print(
+        f"served / in-process engine at {args.clients} closed-loop callers (what the transport "
+        f"costs): {closed.throughput:.1f} vs {eng['facts_per_s']:.1f} facts/s (before / after "
+        f"{eng['before']['facts_per_s']:.1f} / {eng['after']['facts_per_s']:.1f}, batch "
+        f"{eng['batch_mean']:.1f} vs {closed.mean_batch_facts:.1f}) = "
+        f"{figures['ratio_served_to_in_process_engine']:.2f} (issue 34's target >= 0.95)"
     )
     if "ratio_http_to_grpc" in figures:
         print(

@@ -197,6 +197,24 @@ class _Health(health_aio.HealthServicer):  # type: ignore[misc]
         self._ending.set()
 
 
+def core_settings(s: ServerSettings) -> CoreSettings:
+    """The engine core a server with settings ``s`` runs (also what an in-process caller uses
+    to compare with the served path on equal terms)."""
+    return CoreSettings(
+        batching=s.batching,
+        max_queued_facts=s.max_queued_facts,
+        max_queue_delay_s=s.max_queue_delay_s,
+        min_admitted_facts=s.min_admitted_facts,
+        admit_by_deadline=s.admit_by_deadline,
+        stream_window=s.backfill_window,
+        io_threads=s.io_threads,
+        expiry_interval_s=s.expiry_interval_s,
+        lanes=s.lanes,
+        stall_s=s.stall_s,
+        stage=s.stage,
+    )
+
+
 class MemgateServer:
     """One gRPC server over one gate. Create, ``await start()``, ``await stop()``, on one loop."""
 
@@ -232,22 +250,9 @@ class MemgateServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._store_watch: asyncio.Task[None] | None = None
-        core = CoreSettings(
-            batching=s.batching,
-            max_queued_facts=s.max_queued_facts,
-            max_queue_delay_s=s.max_queue_delay_s,
-            min_admitted_facts=s.min_admitted_facts,
-            admit_by_deadline=s.admit_by_deadline,
-            stream_window=s.backfill_window,
-            io_threads=s.io_threads,
-            expiry_interval_s=s.expiry_interval_s,
-            lanes=s.lanes,
-            stall_s=s.stall_s,
-            stage=s.stage,
-        )
         self.engine = build_engine(
             gate,
-            core,
+            core_settings(s),
             exact_tokens=s.exact_tokens,
             on_dead=self._worker_died,
             on_batch=self._batch_done,
