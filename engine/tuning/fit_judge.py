@@ -369,6 +369,7 @@ def fit_judge(
         "overwrite_cost": OVERWRITE_COST,
         "floor": floor,
         "settings": settings.__dict__,
+        "gate_code": gate_code(),
         "cpu": cpu()[0],
         "isa": list(cpu()[1]),
         "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
@@ -391,6 +392,22 @@ def fit_judge(
     return Fitted(judge, alone, with_judge)
 
 
+def gate_code() -> str:
+    """sha256 of the code whose measurements the judge learns from: every ``.py`` file under
+    ``engine/gate`` and ``engine/tuning``, by relative path and content. A judge fitted by
+    other code read other features (or the same ones computed otherwise), so a plain
+    ``memgate models judge`` refits it."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in ("gate", "tuning"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def _up_to_date(
     path: Path,
     models: dict[str, Any],
@@ -400,9 +417,10 @@ def _up_to_date(
     given: bool,
 ) -> str:
     """Why the judge at ``path`` needs no fit ("" when it does): it was fitted with these
-    models and settings, on this CPU's instruction sets, and on ``sets``; or, when these are the
-    checkout's sets (not ``given``), on sets a user gave, which a plain ``memgate models judge``
-    (``make models``) keeps wherever they were fitted."""
+    models and settings, on this CPU's instruction sets, by this gate code (:func:`gate_code`)
+    and on ``sets``; or, when these are the checkout's sets (not ``given``), on sets a user
+    gave, which a plain ``memgate models judge`` (``make models``) keeps wherever and by
+    whichever code they were fitted (saying so when the code was other)."""
     from engine.errors import ModelError
     from engine.gate.judge.store import fitted_elsewhere, load_judge
 
@@ -423,10 +441,14 @@ def _up_to_date(
         return ""
     if not p.get("sets_given") and fitted_elsewhere(p):
         return ""  # fitted with another CPU's kernels (int8 scores differ a little): refit here
+    same_code = p.get("gate_code") == gate_code()
     if not given and p.get("sets_given"):
         names = ", ".join(str(s.get("name")) for s in p.get("sets", []))
-        return f"fitted on your own sets ({names}): kept; --force refits on this checkout's"
-    return "the same models, sets and settings" if p.get("sets") == sets else ""
+        other = "" if same_code else " by other gate code (refit it: --cases on your sets)"
+        return f"fitted on your own sets ({names}){other}: kept; --force refits on this checkout's"
+    if not same_code:
+        return ""
+    return "the same models, sets, settings and gate code" if p.get("sets") == sets else ""
 
 
 def _line(m: dict[str, Any]) -> str:

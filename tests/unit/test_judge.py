@@ -480,17 +480,23 @@ def test_bars_chosen_when_fitting_set_the_fields_the_served_judge_sets() -> None
 
 def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path) -> None:
     from engine.runtime.cpu import cpu
-    from engine.tuning.fit_judge import BAR_GRID, OVERWRITE_COST, _up_to_date
+    from engine.tuning.fit_judge import BAR_GRID, OVERWRITE_COST, _up_to_date, gate_code
 
     settings = BoostSettings()
     models = {"embedder": {"name": "e"}, "nli": {"name": "n"}}
     ours = [{"name": "heldout", "sha256": "aa", "cases": 120}]
     theirs = [{"name": "mine", "sha256": "bb", "cases": 300}]
 
-    def saved(sets: list[dict[str, object]], given: bool, isa: list[str] | None = None) -> Path:
+    def saved(
+        sets: list[dict[str, object]],
+        given: bool,
+        isa: list[str] | None = None,
+        code: str | None = None,
+    ) -> Path:
         provenance = {
             "sets": sets,
             "sets_given": given,
+            "gate_code": gate_code() if code is None else code,
             "isa": list(cpu()[1]) if isa is None else isa,
             "settings": settings.__dict__,
             "bar_grid": {k: list(v) for k, v in BAR_GRID.items()},
@@ -504,6 +510,14 @@ def test_a_plain_fit_keeps_a_judge_fitted_on_the_user_s_own_sets(tmp_path: Path)
     assert not _up_to_date(path, models, ours + theirs, settings, given=False)  # a new set
     assert not _up_to_date(path, {**models, "nli": {"name": "m"}}, ours, settings, given=False)
     assert not _up_to_date(path, models, ours, BoostSettings(trees=10), given=False)
+    # fitted by other gate code (its features were measured otherwise): refitted
+    path = saved(ours, given=False, code="0" * 64)
+    assert not _up_to_date(path, models, ours, settings, given=False)
+    assert not _up_to_date(path, models, ours, settings, given=True)
+    # ... unless it was fitted on a user's own sets: kept by a plain fit, which says so
+    path = saved(theirs, given=True, code="0" * 64)
+    assert "by other gate code" in _up_to_date(path, models, ours, settings, given=False)
+    assert not _up_to_date(path, models, theirs, settings, given=True)
     # fitted with another CPU's kernels: refitted here, unless it was fitted on a user's sets
     elsewhere = ["neon"] if cpu()[1] != ("neon",) else ["avx2"]
     path = saved(ours, given=False, isa=elsewhere)
