@@ -19,8 +19,8 @@ share a model call (the server's groups are ``(policy, overrides, apply)`` for t
   NLI pair tokens per fact token of the group's finished batches, an exponentially weighted
   mean seeded by ``prior_pair_ratio``). The driver reports each finished batch's pair tokens
   with :meth:`TokenBudgetQueue.observe`. So a namespace whose facts each meet 20 near
-  duplicates gets batches of a few dozen facts, while one whose facts meet nothing still gets
-  the fact-token budget's batches;
+  duplicates (40-65 pair tokens per fact token) gets batches of one or two dozen facts, while
+  one whose facts meet nothing still gets the fact-token budget's batches;
 * an entry may name a *source* (one Backfill stream): a batch holds at most
   ``max_source_facts`` facts of one source, and the cut stops at the first entry over that
   cap. A stream's batch commits in one transaction and its decisions are released together,
