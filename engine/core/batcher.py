@@ -29,7 +29,9 @@ stay a prefix of it.
 ``run(group, payloads)`` is injected; it returns one result (or one exception) per payload, in
 order, or raises to fail the whole batch. ``measure(results)`` (optional) says how many of the
 batch's seconds count as work for the rate estimate (the engine counts model forwards only, not
-lock or store waits); without it the batch's wall time counts. ``on_batch(batch, seconds)``
+lock or store waits); without it the batch's wall time counts. ``pairs(results)`` (optional)
+says how many NLI pair tokens the batch ran; the queue learns the batch group's pair ratio from
+it (``TokenBudgetQueue.observe``, its work-token budget). ``on_batch(batch, seconds)``
 hears of every batch that ran, with those seconds (metrics, and the admission rate estimate).
 The unit tests drive the batcher with a fake ``run`` and no model.
 """
@@ -104,12 +106,14 @@ class Batcher(Generic[P, R]):
         on_batch: Callable[[Batch[_Job[P, R]], float], None] | None = None,
         lanes: int = 1,
         measure: Callable[[Sequence[R | BaseException]], float | None] | None = None,
+        pairs: Callable[[Sequence[R | BaseException]], int | None] | None = None,
     ) -> None:
         if not 1 <= lanes <= 1024:
             raise ValueError(f"lanes must be in [1, 1024], got {lanes}")
         self._run = run
         self._lanes = lanes
         self._measure_run = measure
+        self._pairs = pairs
         self._running: set[asyncio.Task[None]] = set()
         self._queue: TokenBudgetQueue[_Job[P, R]] = TokenBudgetQueue(settings)
         self._executor = executor
@@ -306,6 +310,9 @@ class Batcher(Generic[P, R]):
             work = self._measure_run(results) if self._measure_run is not None else None
             work = seconds if work is None else work
             self._measure(batch.facts, work)
+            pair_tokens = self._pairs(results) if self._pairs is not None else None
+            if pair_tokens is not None:
+                self._queue.observe(batch.group, batch.tokens, pair_tokens)
             if self._on_batch is not None:
                 self._on_batch(batch, work)
             if len(results) != len(jobs):

@@ -264,6 +264,10 @@ class ModelDone:
     """The batch's work for the admission estimate: its forwards' seconds on the model thread
     plus its lane's CPU seconds, never its waits; None for a gate whose models do not run on
     the stage (its wall time counts instead)."""
+    pair_tokens: int | None = None
+    """The batch's NLI pair tokens as the model stage counted them (the lanes' batch budget
+    learns its group's pair ratio from it); None for a gate whose models do not run on the
+    stage."""
 
 
 def run_model_batch(
@@ -421,6 +425,7 @@ class Engine:
             on_batch=self._batch_done,
             lanes=s.lanes,
             measure=_forward_seconds,
+            pairs=_pair_tokens,
         )
         self._stop_streams: asyncio.Event | None = None
         self._streams_until: float | None = None
@@ -464,8 +469,13 @@ class Engine:
         # Work = the forwards' time on the model thread + the lane's own CPU (parse, search,
         # SQL encoding). Waits (a namespace lock, store round-trips, fsync, the model thread's
         # queue) use no CPU here and are not work: they do not slow other namespaces.
-        work = charge.seconds + (time.thread_time() - cpu0) if self.stage.forwards else None
-        return [replace(r, forward_s=work) if isinstance(r, ModelDone) else r for r in out]
+        staged = bool(self.stage.forwards)
+        work = charge.seconds + (time.thread_time() - cpu0) if staged else None
+        pairs = charge.pair_tokens if staged else None
+        return [
+            replace(r, forward_s=work, pair_tokens=pairs) if isinstance(r, ModelDone) else r
+            for r in out
+        ]
 
     async def warm_up(self) -> float | None:
         """Run one batch through every model before serving (a cold first call costs many
@@ -841,6 +851,14 @@ def _forward_seconds(results: Sequence[ModelDone | BaseException]) -> float | No
     for r in results:
         if isinstance(r, ModelDone):
             return r.forward_s
+    return None
+
+
+def _pair_tokens(results: Sequence[ModelDone | BaseException]) -> int | None:
+    """A batch's NLI pair tokens (every request of a batch carries the same figure)."""
+    for r in results:
+        if isinstance(r, ModelDone):
+            return r.pair_tokens
     return None
 
 

@@ -10,9 +10,17 @@ share a model call (the server's groups are ``(policy, overrides, apply)`` for t
 * a group is *ready* when it holds a full batch (``max_batch_tokens`` or ``max_batch_facts``),
   or when its oldest entry has waited ``max_wait_s``; the group holding the oldest entry goes
   first, so no group starves;
-* a batch takes the group's entries in arrival order while they fit the token and fact budget;
-  the first entry always goes, so a request larger than the budget is served alone and never
-  split (a Write commits in one transaction);
+* a batch takes the group's entries in arrival order while they fit the budgets: fact tokens
+  (``max_batch_tokens``), facts (``max_batch_facts``) and *estimated work tokens*
+  (``max_batch_work_tokens``, below); the first entry always goes, so a request larger than
+  the budget is served alone and never split (a Write commits in one transaction);
+* **work tokens** estimate what a batch costs the model before its NLI pairs are known (they
+  are known only after recall): an entry's fact tokens x (1 + its group's *pair ratio*, the
+  NLI pair tokens per fact token of the group's finished batches, an exponentially weighted
+  mean seeded by ``prior_pair_ratio``). The driver reports each finished batch's pair tokens
+  with :meth:`TokenBudgetQueue.observe`. So a namespace whose facts each meet 20 near
+  duplicates (40-65 pair tokens per fact token) gets batches of one or two dozen facts, while
+  one whose facts meet nothing still gets the fact-token budget's batches;
 * an entry may name a *source* (one Backfill stream): a batch holds at most
   ``max_source_facts`` facts of one source, and the cut stops at the first entry over that
   cap. A stream's batch commits in one transaction and its decisions are released together,
@@ -43,6 +51,10 @@ from engine.errors import InvalidInput
 
 __all__ = ["Batch", "Entry", "QueueSettings", "TokenBudgetQueue", "estimate_tokens"]
 
+RATIOS_KEPT = 4096
+"""Groups whose pair ratio the queue remembers (least recently used forgotten first; a
+forgotten group starts again from the prior)."""
+
 P = TypeVar("P")
 
 
@@ -70,7 +82,33 @@ class QueueSettings:
     decisions is one fact's model time. Larger values trade that gap for fewer model calls
     when one stream is alone on the server."""
 
+    max_batch_work_tokens: int = 16384
+    """Most estimated *work tokens* in one batch: fact tokens x (1 + the group's pair ratio),
+    i.e. the facts' own tokens (the embedder's work) plus the NLI pair tokens they are expected
+    to bring (the model's main cost, known only after recall). The rule that set the default
+    (written before measuring): the same number as ``max_batch_tokens``, so a batch whose facts
+    bring no pairs is cut exactly as by the fact-token budget, and one whose facts bring pairs
+    is cut in proportion to them; 16,384 pair tokens are four of the model stage's merged NLI
+    calls (4 x 4,096). ``max_batch_tokens`` and ``max_batch_facts`` still cap every batch."""
+    prior_pair_ratio: float = 8.0
+    """NLI pair tokens per fact token expected of a group with no finished batch yet: about 4
+    pairs per fact, each a premise and a hypothesis about as long as the fact (4 x 2)."""
+    pair_ratio_weight: float = 0.3
+    """Weight of the newest batch in a group's running pair ratio (an exponentially weighted
+    mean: 1 keeps only the last batch)."""
+
     def __post_init__(self) -> None:
+        if not 16 <= self.max_batch_work_tokens <= 1 << 30:
+            raise InvalidInput(
+                "max_batch_work_tokens must be in [16, 1073741824], "
+                f"got {self.max_batch_work_tokens}"
+            )
+        if not 0.0 <= self.prior_pair_ratio <= 10_000.0:
+            raise InvalidInput(
+                f"prior_pair_ratio must be in [0, 10000], got {self.prior_pair_ratio}"
+            )
+        if not 0.0 < self.pair_ratio_weight <= 1.0:
+            raise InvalidInput(f"pair_ratio_weight must be in (0, 1], got {self.pair_ratio_weight}")
         if not 16 <= self.max_batch_tokens <= 1 << 22:
             raise InvalidInput(
                 f"max_batch_tokens must be in [16, 4194304], got {self.max_batch_tokens}"
@@ -131,6 +169,8 @@ class Batch(Generic[P]):
     facts: int
     tokens: int
     started: float
+    work: int = 0
+    """The batch's estimated work tokens when it was cut (fact tokens x (1 + pair ratio))."""
 
     @property
     def locks(self) -> frozenset[Hashable]:
@@ -160,6 +200,8 @@ class TokenBudgetQueue(Generic[P]):
         self._seq = 0
         self._held: dict[Hashable, int] = {}
         """Locks held by running batches (a count: two batches may share a free lock)."""
+        self._ratios: OrderedDict[Hashable, float] = OrderedDict()
+        """Each group's running NLI pair tokens per fact token (at most ``RATIOS_KEPT``)."""
 
     # -- observation ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -210,10 +252,14 @@ class TokenBudgetQueue(Generic[P]):
             return None, dropped
         key, head = oldest
         waited = now - head.enqueued >= self.settings.max_wait_s
-        if flush or waited or self._full(self._groups[key]):
+        if flush or waited or self._full(key, self._groups[key]):
             return self._cut(key, now, startable), dropped
         full = next(
-            (k for k, g in self._groups.items() if g.entries[0].seq in startable and self._full(g)),
+            (
+                k
+                for k, g in self._groups.items()
+                if g.entries[0].seq in startable and self._full(k, g)
+            ),
             None,
         )
         if full is not None:
@@ -230,6 +276,30 @@ class TokenBudgetQueue(Generic[P]):
                 else:
                     self._held.pop(lock, None)
 
+    def observe(self, group: Hashable, tokens: int, pair_tokens: int) -> None:
+        """A finished batch of ``group`` ran ``pair_tokens`` NLI pair tokens for ``tokens``
+        fact tokens: move the group's pair ratio toward it."""
+        if tokens <= 0 or pair_tokens < 0:
+            return
+        seen = pair_tokens / tokens
+        old = self._ratios.pop(group, None)
+        w = self.settings.pair_ratio_weight
+        self._ratios[group] = seen if old is None else (1.0 - w) * old + w * seen
+        while len(self._ratios) > RATIOS_KEPT:
+            self._ratios.popitem(last=False)
+
+    def pair_ratio(self, group: Hashable) -> float:
+        """The group's expected NLI pair tokens per fact token (the prior before any batch)."""
+        ratio = self._ratios.get(group)
+        if ratio is None:
+            return self.settings.prior_pair_ratio
+        self._ratios.move_to_end(group)
+        return ratio
+
+    def work(self, group: Hashable, tokens: int) -> int:
+        """Estimated work tokens of ``tokens`` fact tokens of ``group``."""
+        return round(tokens * (1.0 + self.pair_ratio(group)))
+
     @property
     def held(self) -> frozenset[Hashable]:
         """Locks held by running batches."""
@@ -243,9 +313,13 @@ class TokenBudgetQueue(Generic[P]):
         return out
 
     # -- internals --------------------------------------------------------------------------
-    def _full(self, group: _Group[P]) -> bool:
+    def _full(self, key: Hashable, group: _Group[P]) -> bool:
         s = self.settings
-        return group.facts >= s.max_batch_facts or group.tokens >= s.max_batch_tokens
+        return (
+            group.facts >= s.max_batch_facts
+            or group.tokens >= s.max_batch_tokens
+            or self.work(key, group.tokens) >= s.max_batch_work_tokens
+        )
 
     def _startable(self) -> set[int]:
         """Sequence numbers of the queued entries that may start now: none of their locks is
@@ -305,6 +379,7 @@ class TokenBudgetQueue(Generic[P]):
         group = self._groups[key]
         taken: list[Entry[P]] = []
         facts = tokens = 0
+        per_token = 1.0 + self.pair_ratio(key)
         per_source: dict[Hashable, int] = {}
         while group.entries:
             e = group.entries[0]
@@ -313,6 +388,7 @@ class TokenBudgetQueue(Generic[P]):
                 e.seq not in startable
                 or facts + e.facts > s.max_batch_facts
                 or tokens + e.tokens > s.max_batch_tokens
+                or (tokens + e.tokens) * per_token > s.max_batch_work_tokens
                 or (e.source is not None and mine + e.facts > s.max_source_facts)
             ):
                 break
@@ -328,4 +404,11 @@ class TokenBudgetQueue(Generic[P]):
         for e in taken:
             for lock in e.locks:
                 self._held[lock] = self._held.get(lock, 0) + 1
-        return Batch(group=key, entries=taken, facts=facts, tokens=tokens, started=now)
+        return Batch(
+            group=key,
+            entries=taken,
+            facts=facts,
+            tokens=tokens,
+            started=now,
+            work=round(tokens * per_token),
+        )

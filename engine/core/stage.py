@@ -149,10 +149,14 @@ def pieces(lengths: Sequence[int], tokens: int, items: int) -> list[tuple[int, i
 
 
 class _Charge:
-    __slots__ = ("seconds",)
+    """What one caller's calls cost inside a :meth:`ModelStage.charged` block: model seconds
+    (its share of each merged call) and the NLI pair tokens it sent."""
+
+    __slots__ = ("pair_tokens", "seconds")
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.pair_tokens = 0
 
 
 @dataclass(eq=False)
@@ -237,11 +241,14 @@ class ModelStage:
             tokens=sum(map(length, encodings)) if tokens is None else tokens,
             budget=budget or self.settings.budget(_task(model)),
         )
+        if job.charge is not None and _task(model) == "nli":
+            job.charge.pair_tokens += job.tokens  # the lanes' batch budget learns from it
         return self._submit(job)
 
     @contextmanager
     def charged(self) -> Iterator[_Charge]:
-        """Count the model seconds of this thread's calls inside the block."""
+        """Count the model seconds (and NLI pair tokens) of this thread's calls inside the
+        block."""
         charge = _Charge()
         previous = getattr(self._local, "charge", None)
         self._local.charge = charge
