@@ -251,6 +251,8 @@ class Server:
             str(threads),
             "--log-format",
             "text",
+            "--log-level",
+            "INFO",
             "--no-access-log",
         ]
         if dsn:
