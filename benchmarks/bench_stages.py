@@ -464,7 +464,10 @@ def run_arm(
         db, dsn = pg.fresh()
     ingest_s = ingest(tree, cache, memories, data_dir, dsn)
     load = [round(x, 2) for x in os.getloadavg()]
-    server = Server(tree, cache, data_dir, dsn, args.server_threads, work / f"{tag}.log")
+    threads = args.server_threads
+    if arm == "head" and args.head_threads is not None:
+        threads = args.head_threads
+    server = Server(tree, cache, data_dir, dsn, threads, work / f"{tag}.log")
     try:
         ready_s = server.wait_serving()
         result = measure(server, incoming, args)
@@ -479,6 +482,7 @@ def run_arm(
         "store": store,
         "ingest_s": ingest_s,
         "ready_s": ready_s,
+        "threads": threads,
         "load_before": load,
         **result,
     }
@@ -559,6 +563,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0,
         help="both servers' --threads (ONNX Runtime intra-op threads; 0: all cores)",
     )
+    parser.add_argument(
+        "--head-threads",
+        type=int,
+        default=None,
+        help="the head server's --threads instead (default: --server-threads); the base keeps "
+        "--server-threads",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     parser.add_argument("--seed", type=int, default=0)
@@ -624,7 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     runs.append(run)
                     print(
                         f"  [{len(runs)}/{total} {time.perf_counter() - t0:.0f}s] round "
-                        f"{rnd + 1} {store:8} {arm}: {run['facts_per_s']:.1f} facts/s, p50 "
+                        f"{rnd + 1} {store:8} {arm} (--threads {run['threads']}): "
+                        f"{run['facts_per_s']:.1f} facts/s, p50 "
                         f"{run['p50_ms']:.0f} ms, p99 {run['p99_ms']:.0f} ms, batch "
                         f"{run['mean_batch_facts'] or 0:.1f}, server {run['server_cores']:.2f} "
                         f"cores, machine {run['machine_busy_cores']:.2f}, {run['statuses']} "
