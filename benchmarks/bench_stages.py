@@ -31,6 +31,9 @@ loopback, and a grpc.aio load generator here:
   decide by the rule alone, as either does when no judge was fitted. Nothing is written to
   ``--cache-dir``.
 
+``--server-threads N`` gives both servers ``--threads N`` (ONNX Runtime intra-op threads; 0, the
+default: all cores); ``--head-threads N`` gives the head alone another value.
+
 Prints a table, writes JSON (both git shas, CPU, load at start and end, settings, every arm) and a
 PNG to ``--out``. ``--quick``: 2 rounds of shorter windows (~6 min).
 
