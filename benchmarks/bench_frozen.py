@@ -672,12 +672,28 @@ def draw(plt: Any, payload: dict[str, Any], calls: list[Call]) -> Any:
     ax.set_xlabel("seconds since the load started (call start)")
     ax.set_ylabel("write latency (s)")
     ax.set_title("Writes on Q and R while P is frozen holding HOT")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
     rows = [r for r in payload["phases"] if r["phase"] != "thaw"]
-    bx.bar([r["phase"] for r in rows], [r["p99_ms"] for r in rows], color="tab:grey")
+    xs = range(len(rows))
+    for k, (key, label, colour) in enumerate(
+        (
+            ("p99_ms", "Q and R", "tab:grey"),
+            ("p99_ms_Q", "Q", "tab:green"),
+            ("p99_ms_R", "R", "tab:orange"),
+        )
+    ):
+        bx.bar(
+            [x + (k - 1) * 0.27 for x in xs],
+            [r[key] for r in rows],
+            0.27,
+            color=colour,
+            label=label,
+        )
+    bx.set_xticks(list(xs))
+    bx.set_xticklabels([r["phase"] for r in rows], rotation=30)
     bx.set_ylabel("p99 of other-namespace writes (ms)")
     bx.set_title(f"frozen / unfrozen p99 = {payload['target']['p99_ratio']:.2f}x")
-    bx.tick_params(axis="x", labelrotation=30)
+    bx.legend(fontsize=7)
     return fig
 
 
@@ -885,6 +901,10 @@ def main(argv: list[str] | None = None) -> int:
         "p99_ratio_met": ratio <= 2.0,
         "unfrozen_p99_mean_ms": unfrozen_p99,
         "frozen_p99_ms": by["frozen"]["p99_ms"],
+        "q_over_r_frozen": by["frozen"]["p99_ms_Q"] / by["frozen"]["p99_ms_R"],
+        "q_over_r_unfrozen": statistics.fmean(
+            [by[k]["p99_ms_Q"] / by[k]["p99_ms_R"] for k in ("unfrozen-1", "unfrozen-2")]
+        ),
         "hot_retryable_within_lock_timeout_plus_1s": hot["retryable_within_lock_timeout_plus_1s"],
         "hot_refused_not_unavailable": hot["refused_not_unavailable"],
         "lost": check["lost"],
@@ -910,6 +930,7 @@ def main(argv: list[str] | None = None) -> int:
                 "p50 ms",
                 "p95 ms",
                 "p99 ms",
+                "p99 Q / R",
                 "queue ms",
                 "store ms",
                 "statuses",
@@ -925,6 +946,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["p50_ms"],
                     r["p95_ms"],
                     r["p99_ms"],
+                    f"{r['p99_ms_Q']:,.0f} / {r['p99_ms_R']:,.0f}",
                     r["queue_ms_mean"],
                     r["store_ms_mean"],
                     _counts(r["statuses"]),
@@ -940,6 +962,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"p99 frozen / mean unfrozen: {by['frozen']['p99_ms']:.0f} / {unfrozen_p99:.0f} ms = "
         f"{ratio:.2f}x (target <= 2x: {'met' if target['p99_ratio_met'] else 'NOT met'})"
+    )
+    print(
+        f"frozen: p99 on Q (which also waits on HOT) / p99 on R = {by['frozen']['p99_ms_Q']:.0f} / "
+        f"{by['frozen']['p99_ms_R']:.0f} ms = {target['q_over_r_frozen']:.2f}x "
+        f"(unfrozen: {target['q_over_r_unfrozen']:.2f}x)"
     )
     print(
         f"HOT on Q while P frozen: {_counts(hot['statuses'])}; slowest retryable answer "
