@@ -169,8 +169,9 @@ class Replica:
                 self.popen.wait(30)
 
 
-def spawn(name: str, dsn: str, work: Path, cache_dir: Path) -> Replica:
-    """``python -m engine serve`` with the shipped defaults (no lock flag), this checkout."""
+def spawn(name: str, dsn: str, work: Path, cache_dir: Path, extra: list[str]) -> Replica:
+    """``python -m engine serve`` with the shipped defaults (no lock flag), this checkout;
+    ``extra``: more flags (``--lanes`` when given)."""
     port = _free_port()
     cmd = [
         sys.executable,
@@ -190,6 +191,7 @@ def spawn(name: str, dsn: str, work: Path, cache_dir: Path) -> Replica:
         "text",
         "--grace",
         "2",
+        *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), MEMGATE_LOG="WARNING")
     popen = subprocess.Popen(
@@ -711,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frozen-s", type=float, default=None, help="how long P stays frozen")
     parser.add_argument("--thaw-s", type=float, default=5.0, help="after SIGCONT, not in the ratio")
     parser.add_argument("--warmup-s", type=float, default=10.0, help="load before the first phase")
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        default=None,
+        help="serve with --lanes N (default: the shipped default; 1 shows head-of-line blocking)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     phase_s = 15.0 if args.quick else 30.0
@@ -750,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         dsn = cluster.create_database("frozen")
         t = time.monotonic()
-        reps = [spawn(n, dsn, work, args.cache_dir) for n in ("P", "Q", "R")]
+        extra = [] if args.lanes is None else ["--lanes", str(args.lanes)]
+        reps = [spawn(n, dsn, work, args.cache_dir, extra) for n in ("P", "Q", "R")]
         wait_serving(reps)
         p, q, r = reps
         print(f"  3 replicas SERVING in {time.monotonic() - t:.1f} s", flush=True)
