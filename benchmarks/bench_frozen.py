@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -883,6 +884,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in reps:
             rep.stop()
         cluster.close()
+        shutil.rmtree(work, ignore_errors=True)
 
     calls = load.calls
     rows = phase_stats(calls, phases)
