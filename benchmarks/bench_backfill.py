@@ -11,8 +11,9 @@ Three runs, each into a fresh store, with the same models (fp32 MiniLM, the int8
    ``--batch``: no reader, no validation, no idempotency keys, no audit, no checkpoint;
 2. **in process**: the backfill job as ``memgate backfill`` runs it (reader, validation,
    idempotency keys, audit file with an fsync and an atomic checkpoint per batch), through the
-   engine core's stream (``engine.core.SyncEngine``): the same dynamic batching, per-fact
-   release and settings as the server;
+   engine core's stream (``engine.core.SyncEngine``) with its batches of up to ``--batch``
+   facts (``engine.backfill.core_settings``; the server's stream releases decisions fact by
+   fact instead);
 3. **gRPC**: ``memgate serve`` in a subprocess on a free loopback port, and the same job
    through the streaming Backfill RPC. The server runs with ``--max-batch-facts`` = ``--batch``
    and a backfill window of two batches (the job keeps two in flight). When the server does
@@ -23,8 +24,8 @@ Three runs, each into a fresh store, with the same models (fp32 MiniLM, the int8
    responses' timings report (the model call's phases / its facts).
 
 The baseline is measured again at the end; the ratios are to the mean of both (their difference
-shows how busy the machine was). Targets: in process / gRPC >= 0.95 (both through the same
-core batching); first decision within 1 s; p99 gap <= 2x the per-fact model time. Prints a
+shows how busy the machine was). Targets: in process / gRPC >= 0.95 (the local job is never
+the slower path); first decision within 1 s; p99 gap <= 2x the per-fact model time. Prints a
 table and writes JSON to ``benchmarks/results/``.
 
     python benchmarks/bench_backfill.py --quick     # 10,000 facts over 100 namespaces
@@ -153,14 +154,11 @@ def run_job(decider: Any, src: Path, work: Path, destination: str, batch: int) -
 
 
 def core_settings(batch: int) -> Any:
-    """What ``memgate serve --max-batch-facts B --backfill-window 2B`` runs its engine with."""
-    from engine.core import CoreSettings, QueueSettings
+    """What ``memgate backfill --batch B`` runs in process (``engine.backfill.core_settings``:
+    batches of up to B facts of its stream, two in flight)."""
+    from engine.backfill import core_settings as job_core
 
-    return CoreSettings(
-        batching=QueueSettings(max_batch_facts=batch),
-        stream_window=2 * batch,
-        max_queued_facts=max(1024, 2 * batch),
-    )
+    return job_core(batch)
 
 
 def run_in_process(engine: Any, src: Path, work: Path, batch: int) -> dict[str, Any]:

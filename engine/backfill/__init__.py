@@ -15,6 +15,7 @@ from engine.backfill.job import (
     JobResult,
     Source,
     StreamDecider,
+    core_settings,
 )
 from engine.backfill.rows import FieldMap, parse_map
 
@@ -27,5 +28,6 @@ __all__ = [
     "JobResult",
     "Source",
     "StreamDecider",
+    "core_settings",
     "parse_map",
 ]

@@ -59,6 +59,7 @@ __all__ = [
     "RunState",
     "Source",
     "StreamDecider",
+    "core_settings",
     "StreamingDecider",
 ]
 
@@ -149,9 +150,24 @@ class GateDecider:
         return list(self._gate.triage(facts, self._policy, apply=self._apply).decisions)
 
 
+def core_settings(batch: int) -> Any:
+    """The engine core an in-process job runs on: batches of up to ``batch`` facts of its one
+    stream, two batches in flight. The server's default (``QueueSettings.max_source_facts``
+    = 1) releases a remote stream's decisions fact by fact, but a local job has no caller
+    waiting on each decision and checkpoints per batch: one-fact batches ran it at about a
+    fifth of batch triage's facts/s (``benchmarks/bench_backfill.py``)."""
+    from engine.core import CoreSettings, QueueSettings
+
+    return CoreSettings(
+        batching=QueueSettings(max_batch_facts=batch, max_source_facts=batch),
+        stream_window=2 * batch,
+        max_queued_facts=max(1024, 2 * batch),
+    )
+
+
 class EngineDecider:
     """In process, through the engine core (:class:`engine.core.SyncEngine`): the stream path
-    the server's Backfill uses, so batching and release are the same as over gRPC."""
+    the server's Backfill uses (with the job's batch size: :func:`core_settings`)."""
 
     def __init__(self, engine: Any, policy: str, *, apply: bool) -> None:
         self._engine, self._policy, self._apply = engine, policy, apply

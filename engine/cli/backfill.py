@@ -165,6 +165,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                 result = run_from_args(job, args, engine_settings(args))
             else:
                 from engine.app import build_engine, open_engine
+                from engine.backfill import core_settings
                 from engine.core import SyncEngine
 
                 with open_engine(engine_settings(args)) as eng:
@@ -172,7 +173,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
                     gate = (
                         eng.gate if policy_file is None else PolicyFileGate(eng.gate, policy_file)
                     )
-                    with SyncEngine(build_engine(gate)) as core:
+                    with SyncEngine(build_engine(gate, core_settings(args.batch))) as core:
                         decider = EngineDecider(core, args.policy, apply=not args.dry_run)
                         result = job.run(decider)
         except KeyboardInterrupt:

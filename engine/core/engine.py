@@ -245,10 +245,14 @@ RECALL = "recall"
 
 @dataclass(frozen=True)
 class _Keyed:
-    """A batch group of one namespace set: requests of one set share a model call."""
+    """A batch group of one namespace set: requests of one set share a model call. A stream's
+    facts form one group of their own (``stream``), whatever their namespaces: they run in
+    order anyway, and keyed by namespace a stream over many namespaces was cut one fact per
+    batch whatever ``max_source_facts`` allowed."""
 
     group: Hashable
     namespaces: frozenset[str]
+    stream: Hashable | None = None
 
 
 @dataclass(frozen=True)
@@ -633,7 +637,8 @@ class Engine:
             keyed, locks = _Keyed(group, frozenset()), frozenset[Hashable]()
         else:
             names = frozenset(f.namespace for f in work.facts)
-            keyed, locks = _Keyed(group, names), frozenset[Hashable](names)
+            keyed = _Keyed(group, names) if source is None else _Keyed(group, frozenset(), source)
+            locks = frozenset[Hashable](names)
         if source is not None:
             locks = locks | {source}  # a stream's facts commit one batch after the other
         # One running batch per group: while it runs, its group's next requests pile up into

@@ -802,3 +802,55 @@ def test_in_process_engine_stream_matches_the_bare_gate_and_applies_exactly_once
         if json.loads(x)["text"] and ("key" in json.loads(x) or "kind" in json.loads(x))
     }
     assert {r: engine_run.decisions()[r] for r in keyed} == {r: local.decisions()[r] for r in keyed}
+
+
+def test_the_cli_s_in_process_job_runs_batches_of_its_batch_size_exactly_once(
+    tmp_path: Path, models: tuple[Any, Any]
+) -> None:
+    """``memgate backfill`` in process runs the core with ``engine.backfill.core_settings``:
+    its stream's facts share model batches (the server's default cut one fact per batch, a
+    fifth of batch triage's speed), and every row is still applied exactly once, in order."""
+    from engine.app import build_engine
+    from engine.backfill import EngineDecider, core_settings
+    from engine.core import SyncEngine
+    from engine.gate.gate import Gate
+    from engine.index import IndexManager
+    from engine.store import SQLiteStore
+
+    lines = crm_rows(80, seed=29, bad_every=30)
+    src = write_lines(tmp_path / "rows.jsonl", lines)
+    store = SQLiteStore(tmp_path / "memgate.db")
+    batches: list[int] = []
+    try:
+        gate = Gate(store, IndexManager(store.iter_active_embeddings), *models)
+        engine = build_engine(
+            gate, core_settings(16), on_batch=lambda facts, entries, s: batches.append(facts)
+        )
+        # The first batch is held 0.3 s, as a slow model would hold it, so the stream's next
+        # facts are queued by the time it ends (on these tiny stores a batch is faster than
+        # the job feeds facts, and every batch would be cut alone either way).
+        run_batch = engine.batcher._run
+        held = threading.Event()
+
+        def slow_first(group: Any, works: Any) -> Any:
+            if not held.is_set():
+                held.set()
+                time.sleep(0.3)
+            return run_batch(group, works)
+
+        engine.batcher._run = slow_first
+        with SyncEngine(engine) as core:
+            result = Job(
+                Source.open(src),
+                BackfillSettings(batch=16),
+                destination="local:test",
+                audit=tmp_path / "audit.jsonl",
+                checkpoint=tmp_path / "checkpoint.json",
+            ).run(EngineDecider(core, "strict", apply=True))
+    finally:
+        store.close()
+    assert result.status == "finished"
+    assert [a["line"] for a in audit_lines(tmp_path / "audit.jsonl")] == list(range(1, 81))
+    Applied(tmp_path / "memgate.db").check_exactly_once(good_ids(lines))
+    # the queued facts went 16 at a time, across namespaces (77 facts: one per batch before)
+    assert max(batches) == 16 and len(batches) <= 10, batches
