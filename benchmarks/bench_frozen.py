@@ -44,7 +44,7 @@ within the lock timeout + 1 s), the first OK after the freeze, and when P's lock
 ``pg_locks``. Health of Q and R every second. After P is thawed and the load stopped: every
 acknowledged write read back (lost: a stored decision whose memory is missing or holds another
 text) and the supersede chains checked (forks, broken links, chains with two active heads: the
-checks of ``tests/reliability/_serving.py::chain_faults``, copied here).
+checks of ``tests/reliability/_serving.py::chain_faults``, imported from there).
 
 Prints a table, writes JSON and a PNG (latency over time with the frozen window shaded, and
 per-phase p99 bars) to ``--out``. Full: 30 s phases, about 2-3 minutes with start-up;
@@ -479,64 +479,19 @@ def cpu_between(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 
 # -- read back ------------------------------------------------------------------------------------
-def stored(store: Any, namespace: str) -> list[Any]:
-    """Every memory ``namespace`` ever stored (as ``tests/reliability/_serving.py::stored``)."""
-    ids: list[str] = []
-    after = 0
-    while True:
-        events = store.events(namespace, after_seq=after, limit=10_000)
-        if not events:
-            break
-        ids += [e.memory_id for e in events if e.memory_id and e.type in ("add", "replace")]
-        after = events[-1].seq
-    return list(store.get_many(namespace, list(dict.fromkeys(ids))))
+def _chain_checks() -> tuple[Any, Any]:
+    """``stored`` and ``chain_faults`` of the reliability suite (``tests/reliability/_serving.py``):
+    the same read-back and supersede-chain checks as ``test_replicas_kill.py``."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from reliability._serving import chain_faults, stored
 
-
-def chain_faults(memories: list[Any]) -> dict[str, int]:
-    """Forks, broken links and chains with more than one active memory (the checks of
-    ``tests/reliability/_serving.py::chain_faults``)."""
-    by_id = {m.id: m for m in memories}
-    successors: dict[str, list[Any]] = defaultdict(list)
-    for m in memories:
-        if m.supersedes is not None and m.status != "undone":
-            successors[m.supersedes].append(m)
-    forks = broken = 0
-    for old_id, news in successors.items():
-        if len(news) > 1:
-            forks += 1
-        old = by_id.get(old_id)
-        if old is not None and (old.status == "active" or old.superseded_by != news[-1].id):
-            broken += 1
-    parent = {m.id: m.id for m in memories}
-
-    def root(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for m in memories:
-        if m.supersedes in parent:
-            parent[root(m.id)] = root(m.supersedes)
-    groups: dict[str, int] = Counter()
-    for m in memories:
-        if m.status == "active":
-            groups[root(m.id)] += 1
-    multi = sum(1 for n in groups.values() if n > 1)
-    chains = len({root(m.id) for m in memories})
-    longest = max(Counter(root(m.id) for m in memories).values(), default=0)
-    return {
-        "forks": forks,
-        "broken_links": broken,
-        "multi_active": multi,
-        "chains": chains,
-        "longest": longest,
-    }
+    return stored, chain_faults
 
 
 def read_back(dsn: str, namespaces: list[str], acked: list[tuple[str, str, str, str | None]]):
     from engine.store import open_store
 
+    stored, chain_faults = _chain_checks()
     with open_store(dsn) as store:
         memories = {ns: stored(store, ns) for ns in namespaces}
         integrity = store.integrity_check()
@@ -546,7 +501,16 @@ def read_back(dsn: str, namespaces: list[str], acked: list[tuple[str, str, str, 
         for ns, text, _action, mid in acked
         if mid is not None and (mid not in by_id or by_id[mid].text != text)
     ]
-    faults = {ns: chain_faults(ms) for ns, ms in memories.items()}
+    faults = {
+        ns: {
+            "forks": len(f.forks),
+            "broken_links": len(f.broken_links),
+            "multi_active": len(f.multi_active),
+            "chains": f.chains,
+            "longest": f.longest,
+        }
+        for ns, f in ((ns, chain_faults(ms)) for ns, ms in memories.items())
+    }
     return {
         "acked_decisions": len(acked),
         "acked_stored": sum(1 for a in acked if a[3] is not None),
