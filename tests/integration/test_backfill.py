@@ -764,25 +764,23 @@ def test_cli_target_runs_the_job_through_a_server(
     Applied(tmp_path / "served.db").check_exactly_once(good_ids(lines))
 
 
-def test_in_process_engine_stream_matches_the_bare_gate_and_applies_exactly_once(
-    tmp_path: Path, models: tuple[Any, Any]
-) -> None:
-    """In process through the engine core (the server's stream path, per-fact release): every
-    row applied once, and keyed / episodic rows decided as the bare gate decides them."""
-    from engine.app import build_engine
+def _job_through_core(
+    tmp_path: Path, models: tuple[Any, Any], lines: list[str], engine_of: Callable[[Any], Any]
+) -> Any:
+    """Run ``lines`` as a 16-row job through the engine core that ``engine_of(gate)`` builds,
+    into ``tmp_path / "memgate.db"``: the in-process path of ``memgate backfill``."""
     from engine.backfill import EngineDecider
     from engine.core import SyncEngine
     from engine.gate.gate import Gate
     from engine.index import IndexManager
     from engine.store import SQLiteStore
 
-    lines = crm_rows(80, seed=23, bad_every=30)
     src = write_lines(tmp_path / "rows.jsonl", lines)
     store = SQLiteStore(tmp_path / "memgate.db")
     try:
         gate = Gate(store, IndexManager(store.iter_active_embeddings), *models)
-        with SyncEngine(build_engine(gate)) as core:
-            result = Job(
+        with SyncEngine(engine_of(gate)) as core:
+            return Job(
                 Source.open(src),
                 BackfillSettings(batch=16),
                 destination="local:test",
@@ -791,6 +789,17 @@ def test_in_process_engine_stream_matches_the_bare_gate_and_applies_exactly_once
             ).run(EngineDecider(core, "strict", apply=True))
     finally:
         store.close()
+
+
+def test_in_process_engine_stream_matches_the_bare_gate_and_applies_exactly_once(
+    tmp_path: Path, models: tuple[Any, Any]
+) -> None:
+    """In process through the engine core (the server's stream path, per-fact release): every
+    row applied once, and keyed / episodic rows decided as the bare gate decides them."""
+    from engine.app import build_engine
+
+    lines = crm_rows(80, seed=23, bad_every=30)
+    result = _job_through_core(tmp_path, models, lines, build_engine)
     assert result.status == "finished"
     assert [a["line"] for a in audit_lines(tmp_path / "audit.jsonl")] == list(range(1, 81))
     engine_run = Applied(tmp_path / "memgate.db")
@@ -811,18 +820,11 @@ def test_the_cli_s_in_process_job_runs_batches_of_its_batch_size_exactly_once(
     its stream's facts share model batches (the server's default cut one fact per batch, a
     fifth of batch triage's speed), and every row is still applied exactly once, in order."""
     from engine.app import build_engine
-    from engine.backfill import EngineDecider, core_settings
-    from engine.core import SyncEngine
-    from engine.gate.gate import Gate
-    from engine.index import IndexManager
-    from engine.store import SQLiteStore
+    from engine.backfill import core_settings
 
-    lines = crm_rows(80, seed=29, bad_every=30)
-    src = write_lines(tmp_path / "rows.jsonl", lines)
-    store = SQLiteStore(tmp_path / "memgate.db")
     batches: list[int] = []
-    try:
-        gate = Gate(store, IndexManager(store.iter_active_embeddings), *models)
+
+    def engine_of(gate: Any) -> Any:
         engine = build_engine(
             gate, core_settings(16), on_batch=lambda facts, entries, s: batches.append(facts)
         )
@@ -839,16 +841,10 @@ def test_the_cli_s_in_process_job_runs_batches_of_its_batch_size_exactly_once(
             return run_batch(group, works)
 
         engine.batcher._run = slow_first
-        with SyncEngine(engine) as core:
-            result = Job(
-                Source.open(src),
-                BackfillSettings(batch=16),
-                destination="local:test",
-                audit=tmp_path / "audit.jsonl",
-                checkpoint=tmp_path / "checkpoint.json",
-            ).run(EngineDecider(core, "strict", apply=True))
-    finally:
-        store.close()
+        return engine
+
+    lines = crm_rows(80, seed=29, bad_every=30)
+    result = _job_through_core(tmp_path, models, lines, engine_of)
     assert result.status == "finished"
     assert [a["line"] for a in audit_lines(tmp_path / "audit.jsonl")] == list(range(1, 81))
     Applied(tmp_path / "memgate.db").check_exactly_once(good_ids(lines))
