@@ -851,20 +851,21 @@ class Engine:
         return res, Timings(store=secs, total=secs)
 
 
+def _first_done(results: Sequence[ModelDone | BaseException]) -> ModelDone | None:
+    """A batch's first answer (every request of a batch carries the same batch figures)."""
+    return next((r for r in results if isinstance(r, ModelDone)), None)
+
+
 def _forward_seconds(results: Sequence[ModelDone | BaseException]) -> float | None:
-    """A batch's model-thread seconds (every request of a batch carries the same figure)."""
-    for r in results:
-        if isinstance(r, ModelDone):
-            return r.forward_s
-    return None
+    """A batch's model-thread seconds."""
+    done = _first_done(results)
+    return None if done is None else done.forward_s
 
 
 def _pair_tokens(results: Sequence[ModelDone | BaseException]) -> int | None:
-    """A batch's NLI pair tokens (every request of a batch carries the same figure)."""
-    for r in results:
-        if isinstance(r, ModelDone):
-            return r.pair_tokens
-    return None
+    """A batch's NLI pair tokens."""
+    done = _first_done(results)
+    return None if done is None else done.pair_tokens
 
 
 def shutdown_message(last: int) -> str:

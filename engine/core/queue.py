@@ -410,5 +410,5 @@ class TokenBudgetQueue(Generic[P]):
             facts=facts,
             tokens=tokens,
             started=now,
-            work=round(tokens * per_token),
+            work=self.work(key, tokens),
         )
