@@ -1,12 +1,12 @@
 """The lanes' batches cut by estimated work tokens (fact tokens x (1 + the group's NLI pair
 ratio)): pure queue logic with synthetic entries and a fake clock, the batcher feeding the
-queue what a finished batch ran, and one run of the real core (MiniLM + NLI on the model
-stage, SQLite) learning a dense namespace's ratio from its batches."""
+queue what a finished batch ran. The real core learning a ratio is in
+tests/integration/test_pair_budget_core.py (it needs the models)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,7 +16,6 @@ from engine.core import Entry, QueueSettings, TokenBudgetQueue
 from engine.core.batcher import Batcher
 from engine.core.queue import RATIOS_KEPT
 from engine.errors import InvalidInput
-from engine.types import Fact
 
 
 def _push(q: TokenBudgetQueue[str], group: str, n: int, tokens: int, t: float = 0.0) -> None:
@@ -166,33 +165,3 @@ def test_the_batcher_teaches_the_queue_each_finished_batchs_pair_tokens() -> Non
 
     [ratio] = asyncio.run(main())
     assert sum(n for _, n in seen) == 3 and ratio == pytest.approx(30.0)
-
-
-# -- the real core -------------------------------------------------------------------------------
-def test_the_real_core_learns_a_dense_namespaces_pair_ratio(
-    make_gate: Callable[..., Any],
-) -> None:
-    from engine.app import build_engine
-    from engine.core import CoreSettings
-
-    gate = make_gate()
-    base = "The shop's broadband router in the back office was replaced"
-    gate.ingest([Fact("dense", f"{base} on day {i} of the month.") for i in range(30)])
-    gate.ingest([Fact("sparse", "The cat's name is Miso.")])
-    engine = build_engine(gate, CoreSettings(expiry_interval_s=None))
-
-    async def main() -> tuple[float, dict[str, float]]:
-        await engine.start()
-        await engine.warm_up()
-        q = engine.batcher._queue
-        dense = [Fact("dense", f"{base} on day {i} of the year.") for i in range(4)]
-        await engine.triage(dense, apply=True)
-        await engine.triage([Fact("sparse", "The dog's name is Rex.")], apply=True)
-        ratios = {next(iter(k.namespaces)): q.pair_ratio(k) for k in list(q._ratios)}
-        await engine.close()
-        return q.settings.prior_pair_ratio, ratios
-
-    prior, ratios = asyncio.run(main())
-    # Each namespace's writes are a group of their own: the dense one's facts each met many
-    # near duplicates (pairs of about twice a fact's tokens), the sparse one's met few or none.
-    assert ratios["dense"] > prior > ratios["sparse"]
