@@ -229,6 +229,7 @@ class Server:
         dsn: str,
         threads: int,
         log: Path,
+        extra: Sequence[str] = (),
     ) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         cmd = [
@@ -260,6 +261,7 @@ class Server:
         ]
         if dsn:
             cmd += ["--store", dsn]
+        cmd += list(extra)
         self.log = log
         self._log = log.open("w")
         self.proc = subprocess.Popen(
@@ -323,9 +325,13 @@ class Server:
 
 # -- load -------------------------------------------------------------------------------------
 class Writers:
-    """``clients`` closed-loop writers, one fact per ``Write``; a refused call backs off."""
+    """``clients`` closed-loop writers, one fact per ``Write`` (``dry``: per ``Triage`` dry run,
+    the store unchanged); a refused call backs off."""
 
-    def __init__(self, port: int, incoming: Sequence[dict[str, str]], seed: int) -> None:
+    def __init__(
+        self, port: int, incoming: Sequence[dict[str, str]], seed: int, *, dry: bool = False
+    ) -> None:
+        self.dry = dry
         self.port = port
         self.incoming = incoming
         self.rng = random.Random(seed)
@@ -341,8 +347,10 @@ class Writers:
         self.grpc, self.pb = grpc, pb
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
         self.stub = pb_grpc.MemgateStub(self.channel)
+        request = pb.TriageRequest if self.dry else pb.WriteRequest
+        self.call = self.stub.Triage if self.dry else self.stub.Write
         self.requests = [
-            pb.WriteRequest(facts=[convert.fact_to_pb(Fact(f["namespace"], f["text"]))])
+            request(facts=[convert.fact_to_pb(Fact(f["namespace"], f["text"]))])
             for f in self.incoming
         ]
         return self
@@ -361,7 +369,7 @@ class Writers:
                 self.cursor += 1
                 t0 = time.perf_counter()
                 try:
-                    answer = await self.stub.Write(request, timeout=30)
+                    answer = await self.call(request, timeout=30)
                     d = answer.decisions[0]
                     action = self.pb.Action.Name(d.action)
                     out.append((time.perf_counter() - t0, "OK", answer.timings.batch_facts, action))

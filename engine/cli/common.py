@@ -89,6 +89,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--device", choices=["cpu", "cuda"], default="cpu", help="ONNX Runtime placement"
     )
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime threads (0 = all cores)")
+    p.add_argument(
+        "--spin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ONNX Runtime's pool threads spin between operators (default: on; --no-spin "
+        "leaves the cores to the parse and commit stages between model calls)",
+    )
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
     p.add_argument(
         "--nli-variant", default="auto", help="NLI artefact variant (int8, fp32, ...), or auto"
@@ -135,7 +142,11 @@ def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
             nli_variant=args.nli_variant,
             allow_random_weights=args.allow_random_weights,
         ),
-        session=SessionSettings(device=args.device, intra_op_threads=args.threads),
+        session=SessionSettings(
+            device=args.device,
+            intra_op_threads=args.threads,
+            allow_spinning=getattr(args, "spin", True),
+        ),
         nli_sub_batch=_sub_batch(getattr(args, "nli_sub_batch", "auto")),
         **changes,
     )

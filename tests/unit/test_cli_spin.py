@@ -1,0 +1,24 @@
+"""`--spin` / `--no-spin`: ONNX Runtime's intra-op spinning, set from the command line for every
+command that opens the engine (the served default is `memgate serve`'s own)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cli import build_parser
+from engine.cli.common import engine_settings
+
+
+def _spinning(*argv: str) -> bool:
+    args = build_parser().parse_args(list(argv))
+    if args.command == "serve":
+        from engine.cli.serve import settings_from_args
+
+        return bool(settings_from_args(args)[0].session.allow_spinning)
+    return bool(engine_settings(args).session.allow_spinning)
+
+
+@pytest.mark.parametrize("command", [["serve"], ["triage", "x"], ["demo"]])
+def test_the_flag_sets_the_sessions_spinning_either_way(command: list[str]) -> None:
+    assert _spinning(*command, "--spin") is True
+    assert _spinning(*command, "--no-spin") is False
