@@ -141,10 +141,15 @@ def build_data(
 
 
 # -- baseline -------------------------------------------------------------------------------------
-def engine_settings(args: argparse.Namespace, data_dir: Path) -> Any:
+def engine_settings(args: argparse.Namespace, data_dir: Path, *, served: bool = False) -> Any:
+    """``served``: the sessions ``memgate serve`` builds (its spinning default, ``SERVE_SPIN``);
+    else the in-process default."""
     from engine.app import EngineSettings
+    from engine.cli.serve import SERVE_SPIN
+    from engine.runtime.session import SessionSettings
 
-    return EngineSettings(data_dir=data_dir, cache_dir=Path(args.cache_dir))
+    session = SessionSettings(allow_spinning=SERVE_SPIN) if served else SessionSettings()
+    return EngineSettings(data_dir=data_dir, cache_dir=Path(args.cache_dir), session=session)
 
 
 def baseline(
@@ -233,7 +238,7 @@ def engine_closed(
         finally:
             await engine.close()
 
-    with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
+    with open_engine(engine_settings(args, db.parent, served=True), db_path=db) as eng:
         facts, elapsed, lat = asyncio.run(run(eng.gate))
     return {
         "facts_per_s": facts / elapsed,

@@ -71,8 +71,9 @@ def add_policy_file_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of a command that opens the engine in process (models and store)."""
+def add_engine_flags(p: argparse.ArgumentParser, *, spin: bool = True) -> None:
+    """The flags of a command that opens the engine in process (models and store); ``spin``:
+    the command's default for ONNX Runtime's spinning (``memgate serve``'s is off)."""
     add_global_flags(p, inner=True)
     p.add_argument(
         "--data-dir",
@@ -92,9 +93,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spin",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ONNX Runtime's pool threads spin between operators (default: on; --no-spin "
-        "leaves the cores to the parse and commit stages between model calls)",
+        default=spin,
+        help="ONNX Runtime's pool threads spin between operators (--no-spin: they sleep between "
+        "model calls and leave the cores to parsing and commits; default: "
+        f"{'on' if spin else 'off'})",
     )
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
     p.add_argument(

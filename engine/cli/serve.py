@@ -13,7 +13,14 @@ from typing import Any
 
 from engine.cli.common import add_engine_flags, add_policy_file_flag, engine_settings, usage_error
 
-__all__ = ["register", "settings_from_args"]
+__all__ = ["SERVE_SPIN", "register", "settings_from_args"]
+
+SERVE_SPIN = False
+"""``memgate serve``'s default for ONNX Runtime's spinning: off. A server runs the parse and
+commit stages beside the model, and spinning pool threads take their cores. Adopted under a rule
+written before the run (docs/experiments/2026-12-05-spinning-default.md; ``bench_spin.py``, 2-core
+AMD EPYC, medians of 3 interleaved rounds, SQLite / PostgreSQL): off served 32 writers 1.25x /
+1.52x, 32 dry-run clients 1.06x / 1.11x, and a lone write's p50 latency was 0.55x / 0.61x."""
 
 PROG = "memgate serve"
 
@@ -88,6 +95,13 @@ def register(sub: Any) -> None:
     p.add_argument("--max-batch-facts", type=int, default=256, help="most facts in one model batch")
     p.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="token budget of one model batch"
+    )
+    p.add_argument(
+        "--max-batch-work-tokens",
+        type=int,
+        default=16384,
+        help="estimated work of one batch: fact tokens x (1 + the namespace's NLI pair tokens "
+        "per fact token, learned from its batches), so a dense namespace gets smaller batches",
     )
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits to fill")
     p.add_argument(
@@ -166,7 +180,7 @@ def register(sub: Any) -> None:
         "--no-access-log", dest="access_log", action="store_false", help="no per-request log line"
     )
     add_policy_file_flag(p)  # requests for the file's base policy get the file's settings
-    add_engine_flags(p)
+    add_engine_flags(p, spin=SERVE_SPIN)
     p.set_defaults(func=cmd_serve)
 
 
@@ -199,6 +213,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         max_queue_delay_s=args.max_queue_delay_ms / 1000.0 if args.max_queue_delay_ms else None,
         batching=QueueSettings(
             max_batch_tokens=args.max_batch_tokens,
+            max_batch_work_tokens=args.max_batch_work_tokens,
             max_batch_facts=args.max_batch_facts,
             max_wait_s=args.max_wait_ms / 1000.0,
         ),

@@ -165,3 +165,16 @@ def test_the_batcher_teaches_the_queue_each_finished_batchs_pair_tokens() -> Non
 
     [ratio] = asyncio.run(main())
     assert sum(n for _, n in seen) == 3 and ratio == pytest.approx(30.0)
+
+
+def test_the_serve_flag_sets_the_work_token_budget() -> None:
+    from engine.cli import build_parser
+    from engine.cli.serve import settings_from_args
+
+    def batching(*flags: str) -> QueueSettings:
+        return settings_from_args(build_parser().parse_args(["serve", *flags]))[1].batching
+
+    assert batching().max_batch_work_tokens == QueueSettings().max_batch_work_tokens
+    assert batching("--max-batch-work-tokens", "2048").max_batch_work_tokens == 2048
+    with pytest.raises((SystemExit, InvalidInput)):
+        batching("--max-batch-work-tokens", "4")
