@@ -278,7 +278,7 @@ def serve_main(args: argparse.Namespace) -> int:
     db = Path(args.db)
 
     async def main() -> None:
-        with open_engine(engine_settings(args, db.parent), db_path=db) as eng:
+        with open_engine(engine_settings(args, db.parent, served=True), db_path=db) as eng:
             server = MemgateServer(eng.gate, settings)
             port = await server.start()
             print(f"PORT {port} {server.http_port or 0}", flush=True)
