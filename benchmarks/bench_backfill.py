@@ -103,7 +103,7 @@ def engine_settings(args: argparse.Namespace, data_dir: Path) -> Any:
         data_dir=data_dir,
         cache_dir=Path(args.cache_dir),
         models=ModelChoice(nli=args.nli, nli_variant=args.nli_variant),
-        session=SessionSettings(intra_op_threads=args.threads),
+        session=SessionSettings(intra_op_threads=args.threads, allow_spinning=args.spin),
     )
 
 
@@ -331,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_args(p)
+    p.add_argument(
+        "--spin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ONNX Runtime spinning in this process's sessions (baseline and in-process job)",
+    )
     p.add_argument("--facts", type=int, help="facts in the file (default 100,000; quick 10,000)")
     p.add_argument("--namespaces", type=int, help="namespaces (default 1,000; quick 100)")
     p.add_argument("--batch", type=int, default=256, help="facts per gate batch (default 256)")
