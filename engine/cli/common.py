@@ -71,9 +71,12 @@ def add_policy_file_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_engine_flags(p: argparse.ArgumentParser, *, spin: bool = True) -> None:
-    """The flags of a command that opens the engine in process (models and store); ``spin``:
-    the command's default for ONNX Runtime's spinning (``memgate serve``'s is off)."""
+def add_engine_flags(
+    p: argparse.ArgumentParser, *, spin: bool | None = True, spin_default: str | None = None
+) -> None:
+    """The flags of a command that opens the engine in process (models and store). ``spin``:
+    the command's default for ONNX Runtime's spinning (``memgate serve``'s is off); None: the
+    command decides later, as ``spin_default`` says."""
     add_global_flags(p, inner=True)
     p.add_argument(
         "--data-dir",
@@ -96,7 +99,7 @@ def add_engine_flags(p: argparse.ArgumentParser, *, spin: bool = True) -> None:
         default=spin,
         help="ONNX Runtime's pool threads spin between operators (--no-spin: they sleep between "
         "model calls and leave the cores to parsing and commits; default: "
-        f"{'on' if spin else 'off'})",
+        f"{spin_default or ('on' if spin else 'off')})",
     )
     p.add_argument("--nli", default="auto", help="NLI artefact name, or auto")
     p.add_argument(
@@ -128,8 +131,15 @@ def _sub_batch(value: str) -> int | None:
     return size
 
 
-def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
-    """``EngineSettings`` from :func:`add_engine_flags`' flags (``changes``: other fields)."""
+def _spinning(flag: bool | None, settled: bool | None) -> bool:
+    if flag is not None:
+        return flag
+    return settled is not False
+
+
+def engine_settings(args: argparse.Namespace, *, spin: bool | None = None, **changes: Any) -> Any:
+    """``EngineSettings`` from :func:`add_engine_flags`' flags (``spin``: the spinning the
+    command settled on when its flag was left unset, None: spin; ``changes``: other fields)."""
     from engine.app import EngineSettings
     from engine.runtime.loader import ModelChoice
     from engine.runtime.session import SessionSettings
@@ -147,7 +157,7 @@ def engine_settings(args: argparse.Namespace, **changes: Any) -> Any:
         session=SessionSettings(
             device=args.device,
             intra_op_threads=args.threads,
-            allow_spinning=getattr(args, "spin", True),
+            allow_spinning=_spinning(getattr(args, "spin", None), spin),
         ),
         nli_sub_batch=_sub_batch(getattr(args, "nli_sub_batch", "auto")),
         **changes,

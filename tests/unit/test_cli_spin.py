@@ -30,3 +30,16 @@ def test_serve_sleeps_between_model_calls_by_default_and_the_batch_commands_spin
     assert _spinning("serve") is False
     assert _spinning("triage", "x") is True
     assert _spinning("demo") is True
+
+
+def test_backfill_settles_spinning_by_engine_unless_the_flag_says() -> None:
+    from engine.cli.backfill import LOCAL_SPIN
+
+    args = build_parser().parse_args(["backfill", "--input", "facts.jsonl"])
+    assert args.spin is None  # unset: the local job and Ray settle it
+    assert engine_settings(args, spin=LOCAL_SPIN).session.allow_spinning is False
+    assert engine_settings(args).session.allow_spinning is True  # Ray's bare triage calls
+    flagged = build_parser().parse_args(["backfill", "--input", "facts.jsonl", "--spin"])
+    assert engine_settings(flagged, spin=LOCAL_SPIN).session.allow_spinning is True
+    flagged = build_parser().parse_args(["backfill", "--input", "facts.jsonl", "--no-spin"])
+    assert engine_settings(flagged).session.allow_spinning is False
