@@ -145,6 +145,97 @@ def run_arm(
     return {"arm": arm, "store": store, "load_before": load, **result}
 
 
+async def mcp_lone(
+    arm: str, data_dir: Path, namespace: str, texts: Sequence[str], args: argparse.Namespace
+) -> dict[str, float]:
+    """``memgate mcp`` over stdio (MCP's own client): serial ``remember`` calls, p50 / p90 ms."""
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[
+            "-m",
+            "engine",
+            "mcp",
+            "--namespace",
+            namespace,
+            "--data-dir",
+            str(data_dir),
+            "--cache-dir",
+            str(args.cache_dir),
+            "--embedder-variant",
+            "fp32",
+            "--nli",
+            "aegis-nli",
+            "--nli-variant",
+            "int8",
+            *ARMS[arm],
+        ],  # fmt: skip
+        cwd=str(ROOT),
+    )
+    lat = []
+    with (data_dir / "stderr.log").open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            for i, text in enumerate(texts):
+                t0 = time.perf_counter()
+                result = await session.call_tool("remember", {"fact": text})
+                if result.is_error:
+                    raise SystemExit(f"remember failed: {result.content}")
+                if i >= 2:
+                    lat.append((time.perf_counter() - t0) * 1000)
+    return {"p50_ms": float(np.percentile(lat, 50)), "p90_ms": float(np.percentile(lat, 90))}
+
+
+def run_mcp(args: argparse.Namespace) -> int:
+    """``--mcp``: four arms (spin, no-spin, no-spin, spin) of a lone MCP client."""
+    stored, incoming = build_data(1, args.memories, args.facts, args.seed)
+    namespace = stored[0]["namespace"]
+    texts = [f["text"] for f in incoming if f["namespace"] == namespace][: args.lone + 2]
+    payload = run_header("bench_spin_mcp", args)
+    work = Path(tempfile.mkdtemp(prefix="bench-spin-mcp-"))
+    runs = []
+    try:
+        memories = work / "memories.json"
+        memories.write_text(json.dumps(stored), encoding="utf-8")
+        for k, arm in enumerate(("spin", "no-spin", "no-spin", "spin")):
+            data_dir = work / f"arm-{k}"
+            data_dir.mkdir()
+            ingest(ROOT, Path(args.cache_dir), memories, data_dir, "")
+            got = asyncio.run(mcp_lone(arm, data_dir, namespace, texts, args))
+            runs.append({"arm": arm, **got})
+            print(f"  [{k + 1}/4] {arm:7}: p50 {got['p50_ms']:.0f} ms, p90 {got['p90_ms']:.0f} ms")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    med = {
+        arm: statistics.median(r["p50_ms"] for r in runs if r["arm"] == arm)
+        for arm in ("spin", "no-spin")
+    }
+    ratio = med["no-spin"] / med["spin"]
+    payload["runs"], payload["summary"] = runs, {"p50_ms_median": med, "ratio": ratio}
+    print(
+        f"memgate mcp, lone remember p50: no-spin {med['no-spin']:.0f} ms / spin "
+        f"{med['spin']:.0f} ms = {ratio:.2f}x ({payload['machine']['cpu']})"
+    )
+
+    def draw_mcp(plt: Any) -> Any:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.bar(range(len(runs)), [r["p50_ms"] for r in runs], color=["C0", "C1", "C1", "C0"])
+        ax.set_xticks(range(len(runs)))
+        ax.set_xticklabels([r["arm"] for r in runs])
+        ax.set_ylabel("lone remember p50 (ms)")
+        ax.set_title(f"memgate mcp over stdio: no-spin / spin {ratio:.2f}x", fontsize=9)
+        fig.tight_layout()
+        return fig
+
+    save_results(args.out, "bench_spin_mcp", payload, draw_mcp)
+    return 0
+
+
 def summarise(runs: list[dict[str, Any]], stores: Sequence[str]) -> dict[str, Any]:
     """Per store and phase: no-spin / spin per round, and the median."""
     out: dict[str, Any] = {}
@@ -202,7 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mcp",
+        action="store_true",
+        help="instead: a lone client of `memgate mcp` over stdio, four arms (spin, no-spin, "
+        "no-spin, spin), --lone serial remember calls each",
+    )
     args = parser.parse_args(argv)
+    if args.mcp:
+        codegen(ROOT)
+        return run_mcp(args)
     if args.quick:
         args.rounds, args.seconds, args.warm, args.lone, args.stores = 1, 8.0, 2.0, 10, "sqlite"
     stores = [s for s in args.stores.split(",") if s]
