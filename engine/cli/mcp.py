@@ -13,6 +13,7 @@ import asyncio
 from typing import Any
 
 from engine.cli.common import add_engine_flags, add_policy_file_flag, engine_settings, usage_error
+from engine.cli.serve import SERVE_SPIN
 
 __all__ = ["register"]
 
@@ -28,7 +29,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--max-text-bytes", type=int, default=32768, help="longest fact or query")
     add_policy_file_flag(p)
-    add_engine_flags(p)
+    # The same server core as memgate serve, so its default too: one agent's lone calls ran at
+    # 0.61x the p50 latency without spinning (docs/experiments/2026-12-05-spinning-default.md).
+    add_engine_flags(p, spin=SERVE_SPIN)
     p.set_defaults(func=cmd_mcp)
 
 

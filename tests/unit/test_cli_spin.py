@@ -18,7 +18,9 @@ def _spinning(*argv: str) -> bool:
     return bool(engine_settings(args).session.allow_spinning)
 
 
-@pytest.mark.parametrize("command", [["serve"], ["triage", "x"], ["demo"]])
+@pytest.mark.parametrize(
+    "command", [["serve"], ["mcp", "--namespace", "users/alice"], ["triage", "x"], ["demo"]]
+)
 def test_the_flag_sets_the_sessions_spinning_either_way(command: list[str]) -> None:
     assert _spinning(*command, "--spin") is True
     assert _spinning(*command, "--no-spin") is False
@@ -28,6 +30,7 @@ def test_serve_sleeps_between_model_calls_by_default_and_the_batch_commands_spin
     # The served default was adopted by measurement (docs/experiments, 2026-12-05-spinning-default):
     # a server's parse and commit stages need the cores spinning threads would take.
     assert _spinning("serve") is False
+    assert _spinning("mcp", "--namespace", "users/alice") is False  # the same server core
     assert _spinning("triage", "x") is True
     assert _spinning("demo") is True
 
