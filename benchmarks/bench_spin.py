@@ -54,12 +54,12 @@ from _common import (  # noqa: E402 - the path above makes the helpers importabl
 from bench_stages import (  # noqa: E402
     STORES,
     Postgres,
-    Server,
     Writers,
     build_data,
     codegen,
-    cpu_now,
     ingest,
+    measure,
+    served_arm,
 )
 
 ARMS = {"spin": ("--spin",), "no-spin": ("--no-spin",)}
@@ -81,35 +81,6 @@ async def lone(port: int, incoming: Sequence[dict[str, str]], calls: int) -> dic
     }
 
 
-async def closed(
-    server: Server, incoming: Sequence[dict[str, str]], args: argparse.Namespace, *, dry: bool
-) -> dict[str, Any]:
-    """``--clients`` closed-loop clients for ``--seconds`` after ``--warm``."""
-    # Dry runs and writes start at different places in the pool: the writes meet facts the
-    # dry runs never stored, and the lone writer's first facts are behind both.
-    start = len(incoming) // 3 if dry else 2 * len(incoming) // 3
-    async with Writers(server.port, incoming, args.seed, dry=dry) as w:
-        w.cursor = start
-        await w.run(args.clients, args.warm)
-        cpu0 = cpu_now(server.proc.pid)
-        out, secs = await w.run(args.clients, args.seconds)
-        cpu1 = cpu_now(server.proc.pid)
-    ok = [r[0] * 1000 for r in out if r[1] == "OK"]
-    lat = np.asarray(ok or [np.nan])
-    statuses: dict[str, int] = {}
-    for r in out:
-        statuses[r[1]] = statuses.get(r[1], 0) + 1
-    wall = max(cpu1[0] - cpu0[0], 1e-9)
-    return {
-        "facts_per_s": len(ok) / secs,
-        "p50_ms": float(np.percentile(lat, 50)),
-        "p99_ms": float(np.percentile(lat, 99)),
-        "statuses": statuses,
-        "server_cores": (cpu1[2] - cpu0[2]) / wall,
-        "machine_busy_cores": (cpu1[1] - cpu0[1]) / wall,
-    }
-
-
 def run_arm(
     arm: str,
     store: str,
@@ -119,30 +90,19 @@ def run_arm(
     work: Path,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    tag = f"{arm}-{store}-{len(list(work.glob('arm-*')))}"
-    data_dir = work / f"arm-{tag}"
-    data_dir.mkdir()
-    dsn, db = "", None
-    if store == "postgres":
-        assert pg is not None
-        db, dsn = pg.fresh()
     cache = Path(args.cache_dir)
-    ingest(ROOT, cache, memories, data_dir, dsn)
-    load = [round(x, 2) for x in os.getloadavg()]
-    server = Server(ROOT, cache, data_dir, dsn, args.threads, work / f"{tag}.log", extra=ARMS[arm])
-    try:
-        server.wait_serving()
+    with served_arm(
+        f"{arm}-{store}", ROOT, store, cache, memories, pg, work, args.threads, ARMS[arm]
+    ) as (server, setup):
         result: dict[str, Any] = asyncio.run(lone(server.port, incoming, args.lone))
-        dry = asyncio.run(closed(server, incoming, args, dry=True))
-        write = asyncio.run(closed(server, incoming, args, dry=False))
-    finally:
-        server.stop()
-        if pg is not None and db is not None:
-            pg.cluster.drop_database(db)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        # Dry runs and writes start at different places in the pool: the writes meet facts the
+        # dry runs never stored, and the lone writer's first facts are behind both.
+        third = len(incoming) // 3
+        dry = measure(server, incoming, args, dry=True, start=third)
+        write = measure(server, incoming, args, start=2 * third)
     result.update({f"dry_{k}": v for k, v in dry.items()})
     result.update({f"write_{k}": v for k, v in write.items()})
-    return {"arm": arm, "store": store, "load_before": load, **result}
+    return {"arm": arm, "store": store, "load_before": setup["load_before"], **result}
 
 
 async def mcp_lone(

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -56,7 +57,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -394,10 +395,19 @@ def cpu_now(pid: int) -> tuple[float, float, float]:
 
 
 def measure(
-    server: Server, incoming: Sequence[dict[str, str]], args: argparse.Namespace
+    server: Server,
+    incoming: Sequence[dict[str, str]],
+    args: argparse.Namespace,
+    *,
+    dry: bool = False,
+    start: int = 0,
 ) -> dict[str, Any]:
+    """``args.clients`` closed-loop clients (``dry``: Triage dry runs) from fact ``start`` of
+    the pool, ``args.warm`` s unmeasured then ``args.seconds`` s measured."""
+
     async def go() -> dict[str, Any]:
-        async with Writers(server.port, incoming, args.seed) as writers:
+        async with Writers(server.port, incoming, args.seed, dry=dry) as writers:
+            writers.cursor = start
             await writers.run(args.clients, args.warm)
             batches0 = server.batch_stats()
             cpu0 = cpu_now(server.proc.pid)
@@ -455,6 +465,41 @@ class Postgres:
         self.cluster.close()
 
 
+@contextlib.contextmanager
+def served_arm(
+    tag: str,
+    tree: Path,
+    store: str,
+    cache: Path,
+    memories: Path,
+    pg: Postgres | None,
+    work: Path,
+    threads: int,
+    extra: Sequence[str] = (),
+) -> Iterator[tuple[Server, dict[str, Any]]]:
+    """A fresh store (a data directory, or a new database of ``pg``) holding ``memories``, served
+    by ``tree`` until the block ends; then the server stops and the store is dropped. Yields the
+    server and what the set-up measured (ingest and ready seconds, the load before it)."""
+    tag = f"{tag}-{len(list(work.glob('arm-*')))}"
+    data_dir = work / f"arm-{tag}"
+    data_dir.mkdir()
+    dsn, db = "", None
+    if store == "postgres":
+        assert pg is not None
+        db, dsn = pg.fresh()
+    ingest_s = ingest(tree, cache, memories, data_dir, dsn)
+    load = [round(x, 2) for x in os.getloadavg()]
+    server = Server(tree, cache, data_dir, dsn, threads, work / f"{tag}.log", extra=extra)
+    try:
+        ready_s = server.wait_serving()
+        yield server, {"ingest_s": ingest_s, "ready_s": ready_s, "load_before": load}
+    finally:
+        server.stop()
+        if pg is not None and db is not None:
+            pg.cluster.drop_database(db)
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def run_arm(
     arm: str,
     tree: Path,
@@ -466,37 +511,16 @@ def run_arm(
     work: Path,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    tag = f"{arm}-{store}-{len(list(work.glob('arm-*')))}"
-    data_dir = work / f"arm-{tag}"
-    data_dir.mkdir()
-    dsn, db = "", None
-    if store == "postgres":
-        assert pg is not None
-        db, dsn = pg.fresh()
-    ingest_s = ingest(tree, cache, memories, data_dir, dsn)
-    load = [round(x, 2) for x in os.getloadavg()]
     threads = args.server_threads
     if arm == "head" and args.head_threads is not None:
         threads = args.head_threads
-    server = Server(tree, cache, data_dir, dsn, threads, work / f"{tag}.log")
-    try:
-        ready_s = server.wait_serving()
+    with served_arm(f"{arm}-{store}", tree, store, cache, memories, pg, work, threads) as (
+        server,
+        setup,
+    ):
         result = measure(server, incoming, args)
         result["sub_batch"] = server.sub_batch()
-    finally:
-        server.stop()
-        if pg is not None and db is not None:
-            pg.cluster.drop_database(db)
-        shutil.rmtree(data_dir, ignore_errors=True)
-    return {
-        "arm": arm,
-        "store": store,
-        "ingest_s": ingest_s,
-        "ready_s": ready_s,
-        "threads": threads,
-        "load_before": load,
-        **result,
-    }
+    return {"arm": arm, "store": store, "threads": threads, **setup, **result}
 
 
 def summarise(runs: list[dict[str, Any]], stores: Sequence[str]) -> dict[str, Any]:
